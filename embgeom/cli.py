@@ -1,0 +1,189 @@
+"""Command-line front end: ``embgeom report``, ``embgeom cram``, ``embgeom copy``.
+
+Argument parsing only; the work is done by :mod:`embgeom.report`, :mod:`embgeom.cramming` and
+:mod:`embgeom.copying`. Bad input (an unknown model, a non-positive count, ``--out`` pointing at
+a file, a missing model package) ends with one line on stderr and exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot be used (reported with exit code 2)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    return v
+
+
+def _out_dir(text: str) -> Path:
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"--out {text!r} exists and is not a folder")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``embgeom`` argument parser (sub-commands ``report``, ``cram``, ``copy``)."""
+    parser = argparse.ArgumentParser(
+        prog="embgeom",
+        description="Embedding-space geometry and the limits it puts on what a language model "
+        "can generate.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rep = sub.add_parser(
+        "report",
+        help="accessibility report on a model (report.json, report.md, figures)",
+        description="Sample hidden states, fit supports, estimate decoder cell volumes and turn "
+        "them into packing bounds; writes report.json, report.md and PNG figures into --out.",
+    )
+    rep.add_argument("--model", default="smollm2-135m",
+                     help="registry name (smollm2-135m, gemma-3-270m), a Hugging Face folder or a "
+                     ".gguf file (default: smollm2-135m)")
+    rep.add_argument("--out", type=_out_dir, default=None,
+                     help="output folder (default: reports/<model>)")
+    rep.add_argument("--quick", action="store_true",
+                     help="small sizes: finishes within about 2 minutes on 2 cores")
+    rep.add_argument("--lengths", type=_positive_int, nargs="+", default=None,
+                     help="prompt lengths of the random token sequences (tokens)")
+    rep.add_argument("--n-per-length", type=_positive_int, default=None,
+                     help="hidden states sampled per length")
+    rep.add_argument("--cell-samples", type=_positive_int, default=None,
+                     help="Monte Carlo samples for the cell volumes")
+    rep.add_argument("--seed", type=int, default=0, help="seed of every random draw")
+    rep.add_argument("--cache-dir", default=None,
+                     help="folder for the .npy cache of hidden states (default: none)")
+    rep.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    cram = sub.add_parser(
+        "cram",
+        help="cramming: accessibility vs length, n50 and the empirical slope",
+        description="Optimise m memory vectors (soft prompt) on a frozen model so that it emits "
+        "random targets; accessibility curves, n50(m) and the slope C_emp.",
+    )
+    cram.add_argument("--model", default="smollm2-135m")
+    cram.add_argument("--mem", type=_positive_int, nargs="+", default=[1],
+                      help="numbers of memory vectors m to sweep")
+    cram.add_argument("--out", type=_out_dir, required=True, help="output folder")
+    cram.add_argument("--lengths", type=_positive_int, nargs="+", default=None,
+                      help="target lengths (tokens); default: adaptive search")
+    cram.add_argument("--n-targets", type=_positive_int, default=8,
+                      help="random targets per length")
+    cram.add_argument("--steps", type=_positive_int, default=1000, help="Adam steps at most")
+    cram.add_argument("--lr", type=_positive_float, default=1e-2, help="Adam learning rate")
+    cram.add_argument("--seed", type=int, default=0)
+    cram.add_argument("--plot", action="store_true", help="write accessibility and n50 figures")
+    cram.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+
+    cp = sub.add_parser(
+        "copy",
+        help="copy task: train a small transformer to copy and find the cliff",
+        description="Train a small decoder-only transformer to copy sequences up to --l-train "
+        "tokens, evaluate up to 3x that length and locate the accuracy cliff.",
+    )
+    cp.add_argument("--l-train", type=_positive_int, default=20,
+                    help="longest training sequence (tokens)")
+    cp.add_argument("--alphabet", type=_positive_int, default=None,
+                    help="alphabet size (>= 2)")
+    cp.add_argument("--steps", type=_positive_int, default=None, help="training steps")
+    cp.add_argument("--out", type=_out_dir, required=True, help="output folder")
+    cp.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _cmd_report(args) -> dict:
+    from .report import build_report
+
+    out = args.out if args.out is not None else Path("reports") / Path(str(args.model)).name
+    return build_report(
+        args.model,
+        out,
+        quick=args.quick,
+        lengths=args.lengths,
+        n_per_length=args.n_per_length,
+        n_cell_samples=args.cell_samples,
+        seed=args.seed,
+        cache_dir=args.cache_dir,
+        progress=not args.no_progress,
+    )
+
+
+def _cmd_cram(args) -> dict:
+    from .cramming import run_cram
+
+    return run_cram(
+        args.model,
+        args.mem,
+        args.out,
+        lengths=args.lengths,
+        n_targets=args.n_targets,
+        steps=args.steps,
+        lr=args.lr,
+        seed=args.seed,
+        plot=args.plot,
+        device=args.device,
+    )
+
+
+def _cmd_copy(args) -> dict:
+    from .copying import run_copy
+
+    kw = {}
+    if args.alphabet is not None:
+        kw["alphabet"] = args.alphabet
+    if args.steps is not None:
+        kw["steps"] = args.steps
+    return run_copy(args.out, l_train=args.l_train, seed=args.seed, **kw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``embgeom`` console script. Returns the exit code."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"report": _cmd_report, "cram": _cmd_cram, "copy": _cmd_copy}
+    try:
+        result = handlers[args.command](args)
+    except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError, NotADirectoryError,
+            FileExistsError) as exc:
+        print(f"embgeom {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("embgeom: interrupted", file=sys.stderr)
+        return 130
+    if isinstance(result, dict) and result.get("summary_lines"):
+        print("\n".join(result["summary_lines"]))
+    elif isinstance(result, dict):
+        print(json.dumps({k: v for k, v in result.items() if k != "summary_lines"},
+                         indent=1, default=str)[:4000])
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""One model's accessibility report: ``report.json``, ``report.md`` and PNG figures.
+
+The report runs the library's data flow once, end to end::
+
+    model -> (unembedding, hidden states) -> (cells, supports) -> bounds -> report
+
+Every key of ``report.json`` is documented in ``docs/report.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ._validation import check_array, check_positive_int, check_seed
+
+__all__ = ["build_report", "hidden_state_summary", "REPORT_SIZES"]
+
+#: Sizes of the default and the ``--quick`` report. ``lengths`` are prompt lengths in tokens,
+#: ``n_per_length`` hidden states per length, ``cell_samples`` Monte Carlo samples for the cell
+#: volumes. The paper used lengths 4..4096 and 10,000 sequences per length (GPU); these sizes fit
+#: 10 minutes (default) and 2 minutes (quick) on 2 CPU cores for SmolLM2-135M.
+REPORT_SIZES = {
+    "default": {"lengths": (4, 8, 16, 32, 64, 128, 256), "n_per_length": 128,
+                "cell_samples": 100_000, "max_cos_points": 2000},
+    "quick": {"lengths": (4, 16, 64), "n_per_length": 24,
+              "cell_samples": 10_000, "max_cos_points": 500},
+}
+
+
+def hidden_state_summary(H, lengths=None, *, max_cos_points: int = 2000, seed=0) -> dict:
+    """Norms and pairwise cosines of hidden states, overall and per prompt length.
+
+    Parameters
+    ----------
+    H : ndarray of shape (N, d), float32 or float64
+        Hidden states (after the final norm), one per row.
+    lengths : ndarray of shape (N,), int, optional
+        Prompt length (tokens) of each row; gives the per-length breakdown.
+    max_cos_points : int, default 2000
+        The pairwise cosines are quadratic in N: at most this many rows (drawn uniformly without
+        replacement, seeded) enter the cosine statistics; ``cos_subsample`` says how many did.
+    seed : int or numpy Generator
+        Seed of that subsample.
+
+    Returns
+    -------
+    dict
+        ``n``, ``dim``, ``r2_max`` (max L2 norm), ``r2_mean``, ``rinf_max`` (max |h_i| over rows
+        and coordinates), ``cos_min`` and ``cos_mean`` (over distinct pairs of the subsample),
+        ``cos_subsample``, and ``per_length`` (a list of the same statistics per length).
+
+    Raises
+    ------
+    ValueError, TypeError
+        Non-finite or non-float ``H``, fewer than 2 rows, or ``lengths`` of another length.
+    """
+    H = check_array(H, "H", ndim=2)
+    if H.shape[0] < 2:
+        raise ValueError(f"H: need at least 2 hidden states, got {H.shape[0]}")
+    max_cos_points = check_positive_int(max_cos_points, "max_cos_points", minimum=2)
+    rng = check_seed(seed)
+    if lengths is not None:
+        lengths = np.asarray(lengths)
+        if lengths.shape != (H.shape[0],):
+            raise ValueError(f"lengths: expected shape ({H.shape[0]},), got {lengths.shape}")
+
+    def stats(X, rng):
+        norms = np.linalg.norm(X, axis=1)
+        out = {
+            "n": int(X.shape[0]),
+            "r2_max": float(norms.max()),
+            "r2_mean": float(norms.mean()),
+            "rinf_max": float(np.abs(X).max()),
+        }
+        idx = np.arange(X.shape[0])
+        if X.shape[0] > max_cos_points:
+            idx = np.sort(rng.choice(X.shape[0], size=max_cos_points, replace=False))
+        if idx.size >= 2:
+            U = X[idx] / np.maximum(norms[idx], np.finfo(float).tiny)[:, None]
+            G = U @ U.T
+            iu = np.triu_indices(idx.size, k=1)
+            cos = np.clip(G[iu], -1.0, 1.0)
+            out.update(cos_min=float(cos.min()), cos_mean=float(cos.mean()))
+        else:
+            out.update(cos_min=None, cos_mean=None)
+        out["cos_subsample"] = int(idx.size)
+        return out
+
+    summary = stats(H, rng)
+    summary["dim"] = int(H.shape[1])
+    summary["per_length"] = []
+    if lengths is not None:
+        for ell in np.unique(lengths):
+            row = stats(H[lengths == ell], rng)
+            row["length"] = int(ell)
+            summary["per_length"].append(row)
+    return summary
+
+
+def _plot_norms(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["per_length"]
+    if not rows:
+        return
+    L = [r["length"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(L, [r["r2_max"] for r in rows], "o-", label="max L2 norm")
+    ax.plot(L, [r["r2_mean"] for r in rows], "s--", label="mean L2 norm")
+    ax.plot(L, [r["rinf_max"] for r in rows], "^-", label="max L-inf norm")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("norm of the final hidden state")
+    ax.set_title("Hidden-state norms vs prompt length")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt(x, nd=4):
+    if x is None:
+        return "—"
+    if isinstance(x, (bool, np.bool_)):
+        return str(bool(x))
+    if isinstance(x, (int, np.integer)):
+        return f"{int(x):,}"
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        if not math.isfinite(x):
+            return str(x)
+        if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+            return f"{x:.{nd - 1}e}"
+        return f"{x:.{nd}g}"
+    return str(x)
+
+
+def _md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(v) for v in r) + " |")
+    return "\n".join(lines)
+
+
+def _json_default(o):
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def build_report(
+    model="smollm2-135m",
+    out_dir="reports/smollm2-135m",
+    *,
+    quick: bool = False,
+    lengths=None,
+    n_per_length: int | None = None,
+    n_cell_samples: int | None = None,
+    seed: int = 0,
+    cache_dir=None,
+    progress: bool = True,
+) -> dict:
+    """Run the whole accessibility report on one model and write it to ``out_dir``.
+
+    Parameters
+    ----------
+    model : str or LoadedModel
+        A registry name (``"smollm2-135m"``, ``"gemma-3-270m"``), a Hugging Face folder, a
+        ``.gguf`` file, or an already loaded :class:`embgeom.adapters.LoadedModel`.
+    out_dir : str or Path
+        Output folder, created if missing; must not be an existing file.
+    quick : bool, default False
+        Use :data:`REPORT_SIZES` ``["quick"]`` (about 2 minutes on 2 cores) instead of
+        ``["default"]`` (about 10 minutes).
+    lengths : sequence of int, optional
+        Prompt lengths (tokens) of the random sequences; overrides the size preset.
+    n_per_length : int, optional
+        Hidden states per length; overrides the preset.
+    n_cell_samples : int, optional
+        Monte Carlo samples for the cell volumes; overrides the preset.
+    seed : int, default 0
+        Seed of every random draw (token sequences, subsamples, Monte Carlo).
+    cache_dir : str or Path, optional
+        Folder for the ``.npy`` cache of hidden states.
+    progress : bool, default True
+        Show tqdm progress bars.
+
+    Returns
+    -------
+    dict
+        The report (the content of ``report.json``) plus ``summary_lines``, a few lines of
+        headline numbers for the terminal.
+
+    Raises
+    ------
+    ValueError
+        Unknown model name (the message lists the known ones), non-positive sizes, or
+        ``out_dir`` pointing at a file.
+    ModuleNotFoundError
+        The model's offline package is missing (the message gives the pip command).
+    """
+    from . import adapters, bounds, cells, supports, volumes
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out_dir: {str(out)!r} exists and is not a folder")
+    size = dict(REPORT_SIZES["quick" if quick else "default"])
+    if lengths is not None:
+        lengths = [check_positive_int(ell, "lengths") for ell in lengths]
+        if not lengths:
+            raise ValueError("lengths: expected at least one prompt length")
+        size["lengths"] = tuple(lengths)
+    if n_per_length is not None:
+        size["n_per_length"] = check_positive_int(n_per_length, "n_per_length", minimum=2)
+    if n_cell_samples is not None:
+        size["cell_samples"] = check_positive_int(n_cell_samples, "n_cell_samples")
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+
+    def lap(name, t0):
+        timings[name] = round(time.perf_counter() - t0, 2)
+
+    # 1. model -> unembedding
+    t0 = time.perf_counter()
+    loaded = model if isinstance(model, adapters.LoadedModel) else adapters.load_model(model)
+    u = adapters.unembedding(loaded)
+    lap("load_model", t0)
+    model_facts = {
+        "name": loaded.name,
+        "source": str(loaded.source),
+        "source_dtype": loaded.source_dtype,
+        "dtype": u.dtype,
+        "hidden_size": int(u.hidden_size),
+        "vocab_size": int(u.vocab_size),
+        "n_rows": int(u.n_rows),
+        "padded_rows": int(u.padded_rows),
+        "tied": bool(u.tied),
+        "has_bias": u.bias is not None,
+        "final_norm": {
+            "kind": u.norm.kind if u.norm is not None else None,
+            "eps": None if u.norm is None else float(u.norm.eps),
+            "has_bias": u.norm is not None and u.norm.bias is not None,
+            "gain_min": None if u.norm is None or u.norm.weight is None
+            else float(np.min(u.norm.weight)),
+            "gain_max": None if u.norm is None or u.norm.weight is None
+            else float(np.max(u.norm.weight)),
+        },
+        "logit_softcap": getattr(u, "logit_softcap", None),
+    }
+
+    # 2. hidden states
+    t0 = time.perf_counter()
+    H, row_lengths = adapters.sample_hidden_states(
+        loaded, size["lengths"], size["n_per_length"], seed=seed, cache_dir=cache_dir,
+        progress=progress,
+    )
+    lap("hidden_states", t0)
+    geo = hidden_state_summary(H, row_lengths, max_cos_points=size["max_cos_points"], seed=seed)
+    geo["lengths"] = [int(x) for x in size["lengths"]]
+    geo["n_per_length"] = int(size["n_per_length"])
+    _plot_norms(geo, out / "hidden_norms.png")
+    geo["figure"] = "hidden_norms.png"
+
+    # 3. supports
+    t0 = time.perf_counter()
+    sup_section, fitted = supports.supports_report_section(H, out, unembedding=u)
+    lap("supports", t0)
+
+    # 4. cells
+    t0 = time.perf_counter()
+    decoder = cells.Decoder.from_unembedding(u)
+    cell_support = fitted.get("ball_origin") or fitted.get("ball")
+    cells_section, cell_result = volumes.cells_report_section(
+        decoder, cell_support, size["cell_samples"], seed, out, tokenizer=loaded.tokenizer,
+        progress=progress,
+    )
+    lap("cells", t0)
+
+    # 5. bounds
+    t0 = time.perf_counter()
+    bounds_section = bounds.bounds_report_section(
+        model_facts, fitted, rinf=geo["rinf_max"], fractions=cell_result.fractions,
+        lower=cell_result.lower, upper=cell_result.upper,
+        published_c_emp=bounds.PUBLISHED.get(loaded.name, {}).get("c_emp"),
+        out_dir=out, dtype=u.dtype,
+    )
+    lap("bounds", t0)
+
+    timings["total"] = round(time.perf_counter() - t_start, 2)
+    report = {
+        "embgeom_version": _version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "platform": platform.platform(),
+        "settings": {"quick": bool(quick), "seed": int(seed), **{
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in size.items()}},
+        "model": model_facts,
+        "hidden_states": geo,
+        "supports": sup_section,
+        "cells": cells_section,
+        "bounds": bounds_section,
+        "timings_s": timings,
+    }
+    with open(out / "report.json", "w") as f:
+        json.dump(report, f, indent=2, default=_json_default)
+    (out / "report.md").write_text(_markdown(report))
+    report["summary_lines"] = _summary_lines(report, out)
+    return report
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _summary_lines(rep: dict, out: Path) -> list[str]:
+    m, h, b = rep["model"], rep["hidden_states"], rep["bounds"]
+    lines = [
+        f"embgeom report: {m['name']} (d = {m['hidden_size']}, |V| = {m['vocab_size']:,})",
+        f"  hidden states: n = {h['n']}, max L2 = {_fmt(h['r2_max'])}, "
+        f"max L-inf = {_fmt(h['rinf_max'])}, min cosine = {_fmt(h['cos_min'])}",
+    ]
+    for shape, c in b.get("slope", {}).items():
+        lines.append(f"  slope bound C [{shape}]: {_fmt(c)} tokens per prompt vector")
+    lines.append(f"  unargmaxable tokens: {rep['cells'].get('unargmaxable')}")
+    lines.append(f"  written: {out / 'report.json'}, {out / 'report.md'} "
+                 f"({rep['timings_s']['total']} s)")
+    return lines
+
+
+def _markdown(rep: dict) -> str:
+    m, h = rep["model"], rep["hidden_states"]
+    parts = [f"# embgeom report: {m['name']}", ""]
+    parts.append(f"embgeom {rep['embgeom_version']}, {rep['created']}, seed {rep['settings']['seed']}"
+                 f"{', quick' if rep['settings']['quick'] else ''}.")
+    parts += ["", "## Model", ""]
+    fn = m["final_norm"]
+    parts.append(_md_table(["fact", "value"], [
+        ["source", m["source"]], ["weights", m["source_dtype"]], ["compute dtype", m["dtype"]],
+        ["hidden size d", m["hidden_size"]], ["vocabulary size |V| (tokenizer)", m["vocab_size"]],
+        ["unembedding rows", m["n_rows"]], ["padded rows", m["padded_rows"]],
+        ["tied embedding", m["tied"]], ["unembedding bias", m["has_bias"]],
+        ["final norm", f"{fn['kind']} (eps {_fmt(fn['eps'])}, gain "
+                       f"{_fmt(fn['gain_min'])}..{_fmt(fn['gain_max'])})"],
+    ]))
+    parts += ["", "## Hidden states", "",
+              f"{h['n']:,} last-position final hidden states (after the final norm) of random "
+              f"token sequences, {h['n_per_length']} per length. Cosines over a subsample of "
+              f"{h['cos_subsample']:,} rows per group (the pairwise part is quadratic).", ""]
+    rows = [[r["length"], r["n"], r["r2_max"], r["r2_mean"], r["rinf_max"], r["cos_min"],
+             r["cos_mean"]] for r in h["per_length"]]
+    rows.append(["all", h["n"], h["r2_max"], h["r2_mean"], h["rinf_max"], h["cos_min"],
+                 h["cos_mean"]])
+    parts.append(_md_table(["length", "n", "max L2", "mean L2", "max L-inf", "min cos",
+                            "mean cos"], rows))
+    parts += ["", f"![norms vs length]({h['figure']})", ""]
+    for key in ("supports", "cells", "bounds"):
+        md = rep[key].get("markdown")
+        if md:
+            parts += [md, ""]
+    parts += ["## Timings (s)", "",
+              _md_table(["step", "seconds"], [[k, v] for k, v in rep["timings_s"].items()]), ""]
+    return "\n".join(parts)

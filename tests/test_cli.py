@@ -1,0 +1,43 @@
+"""The CLI's bad-input paths: one line on stderr, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from embgeom.cli import main
+
+
+def _run(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        rc = main(argv)
+        raise SystemExit(rc)
+    err = capsys.readouterr().err
+    return exc.value.code, err
+
+
+def test_unknown_model_lists_known_names(capsys, tmp_path):
+    code, err = _run(capsys, ["report", "--model", "no-such-model", "--out", str(tmp_path / "r")])
+    assert code == 2
+    assert "smollm2-135m" in err and "gemma-3-270m" in err
+    assert "Traceback" not in err
+
+
+def test_out_pointing_at_a_file(capsys, tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    code, err = _run(capsys, ["report", "--out", str(f)])
+    assert code == 2 and "not a folder" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "--lengths", "0"],
+    ["report", "--lengths", "-4"],
+    ["report", "--n-per-length", "0"],
+    ["report", "--cell-samples", "abc"],
+    ["cram", "--mem", "0", "--out", "x"],
+    ["copy", "--l-train", "0", "--out", "x"],
+])
+def test_non_positive_counts(capsys, argv):
+    code, err = _run(capsys, argv)
+    assert code == 2 and "Traceback" not in err
+    assert "positive" in err or "invalid" in err

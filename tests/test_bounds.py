@@ -1,0 +1,491 @@
+"""Tests of embgeom.bounds: closed forms computed by hand, validity against exact grid counts,
+monotonicity, lambda on analytic cases, Cor. 4.10's small cases, overflow, bad input."""
+
+from __future__ import annotations
+
+import math
+import types
+import warnings
+
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from embgeom import bounds as B
+from embgeom.supports import Ball, Box
+
+
+# ------------------------------------------------------------------------------------------
+# supports (the real classes where supports.py has them, else objects with the contract's
+# fitted attributes: bounds dispatch on ``shape`` and read only those)
+# ------------------------------------------------------------------------------------------
+def make_ellipsoid(semi_axes, axes=None):
+    s = np.asarray(semi_axes, dtype=float)
+    d = s.size
+    U = np.eye(d) if axes is None else np.asarray(axes, dtype=float)
+    try:
+        from embgeom.supports import Ellipsoid
+
+        A = U.T @ np.diag(1.0 / s**2) @ U
+        return Ellipsoid(center=np.zeros(d), shape_matrix=A)
+    except ImportError:
+        order = np.argsort(-s)
+        return types.SimpleNamespace(shape="ellipsoid", dim=d, semi_axes_=s[order], axes_=U[order],
+                                     center_=np.zeros(d))
+
+
+def make_cone(d, half_angle, radius, axis=None):
+    a = np.eye(d)[0] if axis is None else np.asarray(axis, dtype=float)
+    try:
+        from embgeom.supports import Cone
+
+        return Cone(axis=a, half_angle=half_angle, radius=radius)
+    except ImportError:
+        return types.SimpleNamespace(shape="cone", dim=d, axis_=a, half_angle_=half_angle,
+                                     radius_=radius)
+
+
+def make_shell(kind, gain):
+    g = np.asarray(gain, dtype=float)
+    return types.SimpleNamespace(shape="final_norm_shell", dim=g.size, kind_=kind, gain_=g,
+                                 bias_=None, radius_=math.sqrt(g.size), eps_=1e-6)
+
+
+def grid_count(member, d, eps, half_width, rng, n_offsets=6):
+    """Largest number of points of a grid of step eps (random offsets) for which member is True."""
+    best = 0
+    k = int(math.ceil(half_width / eps)) + 2
+    base = np.arange(-k, k + 1) * eps
+    for i in range(n_offsets):
+        off = np.zeros(d) if i == 0 else rng.uniform(0, eps, size=d)  # first grid: through 0
+        axes = [base + o for o in off]
+        pts = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
+        best = max(best, int(member(pts).sum()))
+    return best
+
+
+# ------------------------------------------------------------------------------------------
+# precision
+# ------------------------------------------------------------------------------------------
+def test_precision_eps_formats():
+    assert B.precision_eps(3.0, 11) == 3.0 / 2048
+    assert B.precision_eps(1.0, "float32") == 2.0**-24
+    assert B.precision_eps(1.0, np.float32) == 2.0**-24
+    assert B.precision_eps(1.0, np.dtype("float16")) == 2.0**-11
+    assert B.precision_eps(2.0, "bf16") == 2.0 * 2.0**-8
+    assert B.precision_eps(2.0, "torch.bfloat16") == 2.0 * 2.0**-8
+    assert B.precision_eps(1.0, "float64") == 2.0**-53
+
+
+@pytest.mark.parametrize("radius,fmt,err", [(0.0, 11, ValueError), (-1.0, 11, ValueError),
+                                            (float("nan"), 11, ValueError), (1.0, 0, ValueError),
+                                            (1.0, "float8", ValueError), (1.0, True, TypeError)])
+def test_precision_eps_bad_input(radius, fmt, err):
+    with pytest.raises(err):
+        B.precision_eps(radius, fmt)
+
+
+# ------------------------------------------------------------------------------------------
+# Theorem 4.5, Cor. 4.6: closed forms
+# ------------------------------------------------------------------------------------------
+def test_theorem45_and_linear_law_closed_form():
+    d, m, r = 576, 3, 2.5
+    eps = r * 2.0**-11
+    # 1 + 2r/eps = 1 + 2^12 = 4097
+    assert B.theorem45_log_count(d, m, r, eps) == pytest.approx(576 * 3 * math.log(4097), rel=1e-14)
+    assert B.linear_law_slope(d, r, eps, 49152) == pytest.approx(576 * math.log(4097) / math.log(49152),
+                                                                 rel=1e-14)
+    assert B.linear_law_slope(d, r, eps, 49152, rate=12.0) == pytest.approx(576 * math.log(4097) / 12.0)
+    # Gemma-3-270m with the paper's convention: about 427 tokens per vector
+    assert B.linear_law_slope(640, 1.0, 2.0**-11, 262144) == pytest.approx(
+        640 * math.log(4097) / (18 * math.log(2)), rel=1e-14)
+
+
+def test_ball_paper_and_rigorous_closed_form():
+    r, eps = 10.0, 1.0
+    ball = Ball(center=np.zeros(2), radius=r)
+    assert B.log_packing_number(ball, eps, variant="paper") == pytest.approx(2 * math.log(21.0))
+    # Steiner, d = 2: vol(square of side eps + disc of radius r) = eps^2 + 4 eps r + pi r^2
+    steiner = math.log(1 + 4 * r / eps + math.pi * (r / eps) ** 2)
+    assert steiner < 2 * math.log(21.0)
+    assert B.log_packing_number(ball, eps) == pytest.approx(steiner, rel=1e-12)
+    # d = 3 by hand: eps^3 + 6 eps^2 r + 3 pi eps r^2 + 4/3 pi r^3
+    ball3 = Ball(center=np.ones(3), radius=r)  # translation does not matter
+    st3 = math.log(1 + 6 * r + 3 * math.pi * r**2 + 4 / 3 * math.pi * r**3)
+    assert B.packing_bound_terms(ball3, eps)["vinf_steiner"] == pytest.approx(st3, rel=1e-12)
+
+
+def test_box_of_cube_equals_cube_bound():
+    d, r, eps = 50, 0.7, 0.7 * 2.0**-11
+    cube = Box(-r * np.ones(d), r * np.ones(d))
+    expected = B.theorem45_log_count(d, 1, r, eps)
+    assert B.log_packing_number(cube, eps) == pytest.approx(expected, rel=1e-13)
+    assert B.log_packing_number(cube, eps, variant="paper") == pytest.approx(expected, rel=1e-13)
+    # the identity given as an explicit rotation changes nothing
+    cube_r = Box(-r * np.ones(d), r * np.ones(d), rotation=np.eye(d))
+    assert B.log_packing_number(cube_r, eps) == pytest.approx(expected, rel=1e-13)
+
+
+def test_box_closed_forms():
+    lo, hi, eps = np.array([0.0, -1.0, 2.0]), np.array([3.0, 0.5, 2.25]), 0.25
+    box = Box(lo, hi)
+    a = hi - lo
+    assert B.log_packing_number(box, eps) == pytest.approx(
+        math.log(1 + 3 / 0.25) + math.log(1 + 1.5 / 0.25) + math.log(1 + 0.25 / 0.25))
+    # Steiner in d = 2 for a rotated rectangle: (a1 a2 + 2 rho (a1 + a2) + pi rho^2) / (pi rho^2)
+    th = 0.4
+    R = np.array([[math.cos(th), math.sin(th)], [-math.sin(th), math.cos(th)]])
+    box2 = Box(np.zeros(2), np.array([3.0, 1.0]), rotation=R)
+    rho = eps / 2
+    t = B.packing_bound_terms(box2, eps)
+    assert t["v2_box_steiner"] == pytest.approx(
+        math.log((3.0 + 2 * rho * 4.0 + math.pi * rho**2) / (math.pi * rho**2)), rel=1e-12)
+    l1 = np.abs(R).sum(axis=1)
+    assert t["vinf_box_rotated"] == pytest.approx(math.log(3 / eps + l1[0]) + math.log(1 / eps + l1[1]))
+
+
+def test_ellipsoid_closed_forms_and_ball_limit():
+    d, r, eps = 20, 1.5, 0.01
+    # equal semi-axes: the rigorous V2 bound is exactly the ball's d log(1 + 2r/eps)
+    e = make_ellipsoid(np.full(d, r))
+    assert B.packing_bound_terms(e, eps)["v2_ellipsoid"] == pytest.approx(d * math.log1p(2 * r / eps),
+                                                                          rel=1e-9)
+    s = np.linspace(2.0, 0.05, d)
+    e2 = make_ellipsoid(s)
+    assert B.log_packing_number(e2, eps, variant="paper") == pytest.approx(
+        float(np.sum(np.log1p(2 * s / eps))), rel=1e-12)
+    # the rigorous V2 term: at least sum log(2 s_i / eps) (it contains E), and within a few nats of
+    # the paper's formula here
+    v2 = B.packing_bound_terms(e2, eps)["v2_ellipsoid"]
+    assert v2 >= float(np.sum(np.log(2 * s / eps)))
+    assert v2 - B.log_packing_number(e2, eps, variant="paper") < 3.0
+
+
+def test_shell_closed_forms():
+    d, g, eps = 16, 0.8, 0.01
+    rms = make_shell("rmsnorm", np.full(d, g))
+    ell = make_ellipsoid(np.full(d, math.sqrt(d) * g))
+    assert B.log_packing_number(rms, eps) == pytest.approx(B.log_packing_number(ell, eps), rel=1e-12)
+    # LayerNorm with a constant gain: a (d-1)-ball of radius sqrt(d) g in a hyperplane, times a
+    # slab of width 2 rho: log kappa_{d-1} - log kappa_d + log 2 + (d-1) log(1 + 2 sqrt(d) g / eps)
+    ln = make_shell("layernorm", np.full(d, g))
+    lk = lambda k: 0.5 * k * math.log(math.pi) - special.gammaln(0.5 * k + 1)  # noqa: E731
+    expect = lk(d - 1) - lk(d) + math.log(2) + (d - 1) * math.log1p(2 * math.sqrt(d) * g / eps)
+    assert B.packing_bound_terms(ln, eps)["v2_hyperplane"] == pytest.approx(expect, rel=1e-9)
+    assert B.log_packing_number(ln, eps) < B.log_packing_number(rms, eps)
+    with pytest.raises(ValueError, match="kind_"):
+        B.log_packing_number(make_shell(None, np.ones(4)), eps)
+
+
+# ------------------------------------------------------------------------------------------
+# cone: cap fraction
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [0.1, 0.9, math.pi / 2, 2.2, 3.0])
+def test_cap_fraction_low_dimensions(alpha):
+    assert B.log_cap_fraction(2, alpha) == pytest.approx(math.log(alpha / math.pi), rel=1e-12)
+    assert B.log_cap_fraction(3, alpha) == pytest.approx(math.log((1 - math.cos(alpha)) / 2), rel=1e-10)
+
+
+@pytest.mark.parametrize("d", [2, 5, 576, 4096])
+def test_cap_fraction_edges(d):
+    assert B.log_cap_fraction(d, math.pi / 2) == pytest.approx(math.log(0.5), abs=1e-14)
+    assert B.log_cap_fraction(d, math.pi) == 0.0
+    alphas = np.linspace(0.02, math.pi, 60)
+    vals = np.array([B.log_cap_fraction(d, a) for a in alphas])
+    assert np.all(vals <= 0) and np.all(np.isfinite(vals))
+    assert np.all(np.diff(vals) >= -1e-12)  # larger cone, larger fraction
+    assert B.log_cap_fraction(d, math.pi - 1e-6) > -1e-5
+
+
+def test_cap_fraction_bad_input():
+    for a in (0.0, -0.1, 3.2, float("nan")):
+        with pytest.raises(ValueError):
+            B.log_cap_fraction(5, a)
+    with pytest.raises(ValueError):
+        B.log_cap_fraction(1, 1.0)
+
+
+def test_cone_bounds_monotone_and_below_ball():
+    d, r, eps = 64, 2.0, 2.0 * 2.0**-11
+    ball = B.log_packing_number(Ball(center=np.zeros(d), radius=r), eps)
+    alphas = np.linspace(0.05, math.pi, 40)
+    vals = np.array([B.log_packing_number(make_cone(d, a, r), eps) for a in alphas])
+    assert np.all(vals <= ball + 1e-9)
+    assert np.all(np.diff(vals) >= -1e-9)
+    assert vals[-1] == pytest.approx(ball, rel=1e-12)
+    # the paper formula: the ball's plus the log cap fraction, log(1/2) at pi/2
+    paper = B.log_packing_number(make_cone(d, math.pi / 2, r), eps, variant="paper")
+    assert paper == pytest.approx(d * math.log1p(2 * r / eps) + math.log(0.5), rel=1e-13)
+
+
+# ------------------------------------------------------------------------------------------
+# validity: the rigorous bounds are never below an exact grid count; the paper's cone formula is
+# ------------------------------------------------------------------------------------------
+def test_rigorous_bounds_hold_against_grid_counts():
+    rng = np.random.default_rng(0)
+    eps = 1.0
+    # ball, d = 2 and 3
+    for d, r in ((2, 6.3), (3, 3.7)):
+        ball = Ball(center=np.zeros(d), radius=r)
+        cnt = grid_count(lambda X: np.linalg.norm(X, axis=1) <= r, d, eps, r, rng)
+        assert math.log(cnt) <= B.log_packing_number(ball, eps) + 1e-12
+    # rotated box, d = 2
+    th = 0.6
+    R = np.array([[math.cos(th), math.sin(th)], [-math.sin(th), math.cos(th)]])
+    lo, hi = np.array([-4.0, -0.3]), np.array([4.0, 0.3])
+    box = Box(lo, hi, rotation=R)
+    cnt = grid_count(lambda X: np.all((X @ R.T >= lo) & (X @ R.T <= hi), axis=1), 2, eps, 5.0, rng)
+    assert math.log(cnt) <= B.log_packing_number(box, eps) + 1e-12
+    # thin ellipse along a grid axis, d = 2
+    s = np.array([5.0, 0.05])
+    ell = make_ellipsoid(s)
+    cnt = grid_count(lambda X: (X[:, 0] / s[0]) ** 2 + (X[:, 1] / s[1]) ** 2 <= 1, 2, eps, 5.0, rng, 1)
+    assert math.log(cnt) <= B.log_packing_number(ell, eps) + 1e-12
+    # thin cone along a grid axis, d = 2 and 3
+    for d, alpha, r in ((2, 0.01, 10.0), (3, 0.05, 8.0)):
+        cone = make_cone(d, alpha, r)
+
+        def member(X, alpha=alpha, r=r):
+            n = np.linalg.norm(X, axis=1)
+            cos = np.where(n > 0, X[:, 0] / np.maximum(n, 1e-300), 1.0)
+            return (n <= r) & (cos >= math.cos(alpha) - 1e-12)
+
+        cnt = grid_count(member, d, eps, r + 1, rng)
+        assert cnt >= int(r) + 1  # the points on the axis
+        assert math.log(cnt) <= B.log_packing_number(cone, eps) + 1e-12
+        if d == 2:
+            # THEORY's cone formula is an approximation: here it is below the exact count
+            assert B.log_packing_number(cone, eps, variant="paper") < math.log(cnt)
+
+
+def test_smaller_support_never_larger_bound():
+    d, eps = 30, 0.01
+    radii = [0.5, 1.0, 2.0, 4.0]
+    balls = [B.log_packing_number(Ball(center=np.zeros(d), radius=r), eps) for r in radii]
+    assert np.all(np.diff(balls) > 0)
+    s = np.linspace(1.0, 0.1, d)
+    e_small, e_big = make_ellipsoid(0.5 * s), make_ellipsoid(s)
+    assert B.log_packing_number(e_small, eps) <= B.log_packing_number(e_big, eps)
+    # the ellipsoid lies in the ball of radius max s
+    assert B.log_packing_number(e_big, eps) <= B.log_packing_number(Ball(center=np.zeros(d), radius=1.0), eps) + 1e-9
+    lo = -np.linspace(1, 2, d)
+    assert B.log_packing_number(Box(0.5 * lo, -0.5 * lo), eps) < B.log_packing_number(Box(lo, -lo), eps)
+
+
+# ------------------------------------------------------------------------------------------
+# counts, slopes, n*, accessible fraction
+# ------------------------------------------------------------------------------------------
+def test_counts_slopes_nstar_fraction():
+    d, r, eps, V = 8, 1.0, 0.125, 1000
+    cube = Box(-np.ones(d), np.ones(d))
+    lp = d * math.log(17.0)
+    assert B.accessible_log_count(cube, eps, 5) == pytest.approx(5 * lp)
+    assert B.slope_bound(cube, eps, V) == pytest.approx(lp / math.log(V))
+    assert B.slope_bound(cube, eps, V, rate=9.0) == pytest.approx(lp / 9.0)
+    m = np.arange(1, 9)
+    assert np.allclose(B.n_star(m, lp, V), m * lp / math.log(V))
+    n = np.arange(1, 200)
+    f = B.accessible_fraction_bound(n, 3, lp, V)
+    ns = 3 * lp / math.log(V)
+    assert np.all(f[n <= ns] == 1.0)
+    past = n > ns
+    assert np.allclose(f[past], np.exp(-(n[past] - ns) * math.log(V)), rtol=1e-10, atol=0)
+    logf = B.accessible_fraction_bound(n, 3, lp, V, log=True)
+    assert np.allclose(logf[past], -(n[past] - ns) * math.log(V))
+    assert np.all(np.diff(f) <= 0)
+
+
+def test_no_overflow_large_model():
+    d, V, m = 4096, 262144, 1000
+    r = 3.0
+    eps = B.precision_eps(r, 11)
+    lc = B.theorem45_log_count(d, m, r, eps)
+    assert np.isfinite(lc) and lc == pytest.approx(d * m * math.log(4097))
+    supports = [Ball(center=np.zeros(d), radius=r), Box(-r * np.ones(d), r * np.ones(d)),
+                make_ellipsoid(np.linspace(r, 0.01, d)), make_cone(d, 1.0, r),
+                make_cone(d, 2.5, r), make_shell("rmsnorm", np.linspace(0.1, 2.0, d))]
+    for s in supports:
+        lp = B.log_packing_number(s, eps)
+        assert np.isfinite(lp) and 0 < lp <= lc / m + 1e-6
+        assert np.isfinite(B.accessible_log_count(s, eps, m))
+        assert np.isfinite(B.slope_bound(s, eps, V))
+    logf = B.accessible_fraction_bound(np.array([1, 10**5, 10**7]), m, lc / m, V, log=True)
+    assert np.all(np.isfinite(logf)) and logf[-1] < -1e7
+    thr = B.threshold_length_unbounded(lc / m, V, weight_bits=24)
+    assert np.isfinite(thr["n_threshold"])
+
+
+@pytest.mark.parametrize("call", [
+    lambda: B.theorem45_log_count(8, 1, 1.0, 0.0),
+    lambda: B.theorem45_log_count(8, 1, 1.0, -1.0),
+    lambda: B.theorem45_log_count(8, 1, 0.0, 0.1),
+    lambda: B.theorem45_log_count(8, 0, 1.0, 0.1),
+    lambda: B.theorem45_log_count(8, 1, float("nan"), 0.1),
+    lambda: B.linear_law_slope(8, 1.0, 0.1, 1),
+    lambda: B.linear_law_slope(8, 1.0, 0.1, 100, rate=0.0),
+    lambda: B.log_packing_number(Ball(center=np.zeros(3), radius=1.0), 0.0),
+    lambda: B.log_packing_number(Ball(center=np.zeros(3), radius=1.0), float("nan")),
+    lambda: B.log_packing_number(Ball(center=np.zeros(3), radius=1.0), 0.1, variant="exact"),
+    lambda: B.accessible_log_count(Ball(center=np.zeros(3), radius=1.0), 0.1, 0),
+    lambda: B.slope_bound(Ball(center=np.zeros(3), radius=1.0), 0.1, 1),
+    lambda: B.n_star(0, 10.0, 100),
+    lambda: B.n_star(1, -1.0, 100),
+    lambda: B.accessible_fraction_bound(0, 1, 10.0, 100),
+    lambda: B.log_packing_number(types.SimpleNamespace(shape="torus"), 0.1),
+])
+def test_bad_input_value_errors(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_bad_input_type_errors():
+    with pytest.raises(TypeError):
+        B.log_packing_number(np.ones(3), 0.1)
+    with pytest.raises(TypeError):
+        B.theorem45_log_count(8.0, 1, 1.0, 0.1)
+    with pytest.raises(TypeError):
+        B.n_star(1.5, 10.0, 100)
+    with pytest.raises(ValueError, match="fit"):
+        B.log_packing_number(Ball(), 0.1)
+
+
+# ------------------------------------------------------------------------------------------
+# lambda
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("V", [7, 1000, 262144])
+def test_cell_volume_rate_uniform_is_log_vocab(V):
+    res = B.cell_volume_rate(np.full(V, 1.0 / V), 12)
+    assert res.rate == pytest.approx(math.log(V), rel=1e-12)
+    assert res.rate_origin == pytest.approx(math.log(V), rel=1e-12)
+    assert np.allclose(res.log_median, -np.arange(1, 13) * math.log(V), rtol=1e-12)
+    assert res.rate_asymptotic == pytest.approx(math.log(V), rel=1e-12)
+
+
+def test_cell_volume_rate_two_level_matches_binomial_median():
+    V, na, pa = 1000, 300, 0.002
+    pb = (1 - na * pa) / (V - na)
+    f = np.r_[np.full(na, pa), np.full(V - na, pb)]
+    f = np.random.default_rng(3).permutation(f)
+    k_max = 24
+    res = B.cell_volume_rate(f, k_max)
+    ks = np.arange(1, k_max + 1)
+    # log product = J log pa + (k - J) log pb, J ~ Binomial(k, 0.3), increasing in J
+    j = stats.binom.ppf(0.5, ks, na / V)
+    med = j * math.log(pa) + (ks - j) * math.log(pb)
+    assert np.allclose(res.log_median, med, atol=1e-9)
+    slope = np.polyfit(ks, -med, 1)[0]
+    assert res.rate == pytest.approx(slope, rel=1e-9)
+    assert res.rate_asymptotic == pytest.approx(-(0.3 * math.log(pa) + 0.7 * math.log(pb)), rel=1e-12)
+    assert res.rate > math.log(V)  # non-uniform cells: lambda > log|V| (Jensen)
+
+
+def test_cell_volume_rate_grid_brackets_exact_enumeration():
+    f = np.random.default_rng(1).dirichlet(np.full(6, 0.5))
+    exact = B.cell_volume_rate(f, 7, exact_limit=6**7)
+    assert exact.exact_k == list(range(1, 8))
+    grid = B.cell_volume_rate(f, 7, exact_limit=1, max_support=512)
+    assert grid.exact_k == []
+    assert np.all(grid.log_median_low <= exact.log_median + 1e-9)
+    assert np.all(exact.log_median <= grid.log_median_high + 1e-9)
+    width = grid.log_median_high - grid.log_median_low
+    span = np.ptp(np.log(f))
+    assert np.all(width <= np.arange(1, 8) * span / 511 + 1e-9)
+    assert grid.rate_bracket[0] <= exact.rate + 1e-9 <= grid.rate_bracket[1] + 2e-9
+
+
+def test_cell_volume_rate_zero_fractions_conservative():
+    V = 200
+    rng = np.random.default_rng(2)
+    counts = rng.multinomial(2000, rng.dirichlet(np.full(V, 0.3)))
+    n = counts.sum()
+    f = counts / n
+    assert (f == 0).sum() > 0
+    up = np.minimum(1.0, f + 3.0 / n + 2 * np.sqrt(f / n))
+    lo = np.maximum(0.0, f - 2 * np.sqrt(f / n))
+    res = B.cell_volume_rate(f, 10, upper=up, lower=lo)
+    assert res.zero_fill == "upper" and res.n_zero == int((f == 0).sum())
+    # filling with a smaller value makes lambda larger: the upper fill is the conservative one
+    with pytest.warns(RuntimeWarning, match="zero fraction"):
+        res_min = B.cell_volume_rate(f, 10)
+    assert res.rate <= res_min.rate + 1e-12
+    assert res.rate_interval[0] <= res.rate <= res.rate_interval[1]
+    assert res.rate_conservative <= res.rate
+    r3 = B.cell_volume_rate(f, 10, n_samples=int(n), n_boot=3, seed=0)
+    assert r3.zero_fill == "rule_of_three" and r3.rate_bootstrap[1] >= 0
+    d = res.to_dict()
+    assert isinstance(d["log_median"], list) and "rate_conservative" in d
+
+
+@pytest.mark.parametrize("kwargs,err", [
+    (dict(fractions=np.full(10, 0.2)), ValueError),  # sums to 2
+    (dict(fractions=np.r_[-0.1, np.full(9, 1.1 / 9)]), ValueError),
+    (dict(fractions=np.r_[np.nan, np.full(9, 1 / 9)]), ValueError),
+    (dict(fractions=np.full(10, 0.1), k_max=0), ValueError),
+    (dict(fractions=np.full(10, 0.1), max_support=1), ValueError),
+    (dict(fractions=np.full(10, 0.1), upper=np.full(9, 0.2)), ValueError),
+    (dict(fractions=np.full(10, 0.1), n_boot=2), ValueError),
+    (dict(fractions=np.arange(10)), TypeError),
+])
+def test_cell_volume_rate_bad_input(kwargs, err):
+    with pytest.raises(err):
+        B.cell_volume_rate(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------
+# Cor. 4.10
+# ------------------------------------------------------------------------------------------
+def test_threshold_small_closed_form():
+    # P = 3 points, K = 4 weight levels: C(4 + 3, 4) = 35 measures; |V| = 2
+    t = B.threshold_length_unbounded(math.log(3), 2, weight_bits=2)
+    assert t["log_count"] == pytest.approx(math.log(35), rel=1e-12)
+    assert t["n_threshold"] == pytest.approx(math.log(35) / math.log(2), rel=1e-12)
+    # context of <= 2 vectors: multisets of size <= 2 from 3 points: 1 + 3 + 6 = 10
+    t2 = B.threshold_length_unbounded(math.log(3), 2, weight_bits=2, context_length=[1, 2, 4, 9])
+    assert np.allclose(np.exp(t2["log_count"]), [4, 10, 35, 35])
+    assert np.allclose(np.exp(B.log_multiset_count(math.log(3), np.arange(5))), [1, 4, 10, 20, 35])
+
+
+def test_threshold_monotone_and_large():
+    base = B.threshold_length_unbounded(50.0, 1000)["n_threshold"]
+    assert B.threshold_length_unbounded(60.0, 1000)["n_threshold"] > base
+    assert B.threshold_length_unbounded(50.0, 1000, weight_bits=12)["n_threshold"] > base
+    assert B.threshold_length_unbounded(50.0, 2000)["n_threshold"] < base
+    L = np.array([1, 10, 100, 1000, 2048, 5000, 10**6])
+    nl = B.threshold_length_unbounded(50.0, 1000, context_length=L)["n_threshold"]
+    assert np.all(np.diff(nl) >= 0) and nl[-1] == pytest.approx(base)
+    # the two branches of log_multiset_count agree around log P = 700
+    n = np.array([0, 1, 5, 100])
+    a = B.log_multiset_count(699.999, n)
+    b = B.log_multiset_count(700.001, n)
+    assert np.allclose(b - a, n * 0.002, atol=1e-9)
+    # permutation invariance saves about log K! against K ordered vectors
+    lp = 5000.0
+    t = B.threshold_length_unbounded(lp, 262144, weight_bits=11)
+    assert t["log_count"] == pytest.approx(2048 * lp - special.gammaln(2049), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------
+# report section
+# ------------------------------------------------------------------------------------------
+def test_bounds_report_section(tmp_path):
+    d, V = 16, 500
+    rng = np.random.default_rng(0)
+    sup = {"ball": Ball(center=np.zeros(d), radius=4.0),
+           "box": Box(-np.ones(d), 2 * np.ones(d)),
+           "broken": types.SimpleNamespace(shape="torus")}
+    f = rng.dirichlet(np.ones(V))
+    sec = B.bounds_report_section({"hidden_size": d, "vocab_size": V, "name": "toy"}, sup, rinf=2.0,
+                                  fractions=f, published_c_emp=1.0, out_dir=tmp_path)
+    assert (tmp_path / "accessible_fraction.png").stat().st_size > 1000
+    assert sec["eps"]["paper"] == 2.0 / 2048 and sec["eps"]["dtype"] == 2.0 * 2.0**-24
+    assert sec["slope"]["cube"] == pytest.approx(d * math.log(1 + 2 * 2.0 / sec["eps"]["paper"]) / math.log(V))
+    assert set(sec["slope"]) == {"cube", "ball", "box"} and "broken" in sec["errors"]
+    lam = sec["rate_lambda"]
+    assert lam > math.log(V)
+    assert sec["slope_refined"]["box"] == pytest.approx(sec["slope"]["box"] * math.log(V) / lam)
+    assert sec["ratio"]["ball"] == pytest.approx(sec["slope"]["ball"])
+    assert len(sec["n_star"]["ball"]) == 8
+    assert "| support |" in sec["markdown"]
+    import json
+
+    json.dumps(sec)

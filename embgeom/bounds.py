@@ -327,8 +327,9 @@ def _ball_terms(d: int, r: float, eps: float) -> dict:
     return {"v2_ball": v2, "vinf_steiner": vinf}
 
 
-def _ellipsoid_terms(semi_axes: np.ndarray, eps: float) -> dict:
-    """Rigorous bounds for an ellipsoid with the given semi-axes (any orientation)."""
+def _ellipsoid_terms(semi_axes: np.ndarray, eps: float, *, aligned: bool = False) -> dict:
+    """Rigorous bounds for an ellipsoid with the given semi-axes (any orientation; ``aligned``:
+    its axes are the model's coordinate axes)."""
     d = semi_axes.shape[0]
     with np.errstate(divide="ignore"):
         log_s = np.log(semi_axes)
@@ -337,7 +338,43 @@ def _ellipsoid_terms(semi_axes: np.ndarray, eps: float) -> dict:
     # Vinf: Q(eps) inside B(rho'), rho' = sqrt(d) eps / 2; divide by eps^d; scale eps
     vinf = float(_log_kappa(d)) + _log_enclosing_ellipsoid_ratio(
         log_s - math.log(eps), math.log(0.25 * d))
-    return {"v2_ellipsoid": v2, "vinf_ellipsoid": vinf}
+    out = {"v2_ellipsoid": v2, "vinf_ellipsoid": vinf}
+    out.update(_ellipsoid_projection_terms(log_s - math.log(eps), aligned=aligned))
+    return out
+
+
+def _ellipsoid_projection_terms(log_s_over_eps: np.ndarray, *, aligned: bool) -> dict:
+    """Vinf bounds for an ellipsoid from the volumes of its coordinate projections.
+
+    The cube ``Q(eps)`` is the sum of ``d`` coordinate segments of length ``eps``, and adding a
+    segment ``[0, v]`` to a convex body ``K`` adds ``|v| vol_{d-1}(K | v^perp)`` (Cavalieri), so
+    ``vol(E + Q(eps)) = sum_{I subset [d]} eps^{d-|I|} vol_|I|(E | R^I)`` (projections onto the
+    coordinate subspaces). For ``E = M^{1/2} B`` the projection onto ``R^I`` has volume
+    ``kappa_|I| sqrt(det M_II)``. Cauchy-Schwarz over the ``C(d,k)`` subsets of size ``k`` and
+    ``sum_{|I|=k} det M_II = e_k(s^2)`` (sum of principal minors) give, for any orientation,
+    ``P <= sum_k kappa_k sqrt(C(d,k) e_k(s^2/eps^2))`` (exact for a ball: the Steiner formula).
+    Axis-aligned: ``det M_II = prod_{i in I} s_i^2`` exactly, so ``P <= sum_k kappa_k e_k(s/eps)``.
+    """
+    d = log_s_over_eps.shape[0]
+    k = np.arange(d + 1)
+    out = {}
+    log_e2 = _log_elementary_symmetric(2.0 * log_s_over_eps)
+    out["vinf_projections"] = float(special.logsumexp(
+        _log_kappa(k) + 0.5 * (_log_binom_array(d) + log_e2)))
+    if aligned:
+        log_e1 = _log_elementary_symmetric(log_s_over_eps)
+        out["vinf_projections_aligned"] = float(special.logsumexp(_log_kappa(k) + log_e1))
+    return out
+
+
+def _is_axis_aligned(axes) -> bool:
+    """True when every row of ``axes`` is (up to 1e-9) a signed coordinate vector."""
+    if axes is None:
+        return False
+    A = np.abs(np.asarray(axes, dtype=np.float64))
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        return False
+    return bool(np.all(np.abs(A.max(axis=1) - 1.0) < 1e-9) and np.all(A.sum(axis=1) < 1 + 1e-9))
 
 
 def _box_terms(extents: np.ndarray, rotation, eps: float) -> dict:
@@ -437,7 +474,7 @@ def _shell_terms(support, eps: float) -> dict:
         log_s = np.log(s)
     out = {}
     if kind == "rmsnorm":
-        out.update(_ellipsoid_terms(s, eps))
+        out.update(_ellipsoid_terms(s, eps, aligned=True))  # diag(g): axes are coordinate axes
         return out
     # LayerNorm: a k = d-1 dimensional ellipsoid E' in a hyperplane. E' + B_d(rho) lies in
     # (E' + B_k(rho)) x [-rho, rho] (normal direction); bound the k-dimensional part as above.
@@ -447,6 +484,10 @@ def _shell_terms(support, eps: float) -> dict:
     rho_p = 0.5 * math.sqrt(d) * eps
     gi = _log_enclosing_ellipsoid_ratio(log_s - math.log(eps), math.log(0.25 * d))
     out["vinf_hyperplane"] = float(_log_kappa(k) + gi + math.log(2.0 * rho_p / eps))
+    # coordinate projections of the flat ellipsoid (M = d (diag(g^2) - g g^T/d), rank d-1):
+    # the projection argument needs only the eigenvalues, one of which is 0
+    log_s_full = np.concatenate([log_s, [-np.inf]]) - math.log(eps)
+    out.update(_ellipsoid_projection_terms(log_s_full, aligned=False))
     return out
 
 
@@ -519,7 +560,7 @@ def packing_bound_terms(support, eps) -> dict:
         if not np.all(np.isfinite(s)) or np.any(s < 0):
             raise ValueError("support: ellipsoid semi_axes_ must be finite and >= 0")
         out = {"paper": float(np.sum(np.log1p(2.0 * s / eps)))}
-        out.update(_ellipsoid_terms(s, eps))
+        out.update(_ellipsoid_terms(s, eps, aligned=_is_axis_aligned(getattr(support, "axes_", None))))
         smax = float(np.max(s))
         if smax > 0:
             out.update({f"{k}_circumball": v for k, v in _ball_terms(s.size, smax, eps).items()})

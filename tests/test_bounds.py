@@ -161,6 +161,23 @@ def test_ellipsoid_closed_forms_and_ball_limit():
     assert v2 - B.log_packing_number(e2, eps, variant="paper") < 3.0
 
 
+def test_ellipsoid_projection_bound_closed_forms():
+    # axis-aligned ellipse + square of side eps: pi a b + 2 (a + b) eps + eps^2
+    a, b, eps = 3.0, 0.7, 0.2
+    t = B.packing_bound_terms(make_ellipsoid([a, b]), eps)
+    assert t["vinf_projections_aligned"] == pytest.approx(
+        math.log(1 + 2 * (a + b) / eps + math.pi * a * b / eps**2), rel=1e-12)
+    # equal semi-axes, any orientation: the projection bound is the ball's Steiner formula
+    d, r = 12, 1.3
+    th = 0.3
+    Rm = np.eye(d)
+    Rm[:2, :2] = [[math.cos(th), math.sin(th)], [-math.sin(th), math.cos(th)]]
+    te = B.packing_bound_terms(make_ellipsoid(np.full(d, r), axes=Rm), eps)
+    tb = B.packing_bound_terms(Ball(center=np.zeros(d), radius=r), eps)
+    assert te["vinf_projections"] == pytest.approx(tb["vinf_steiner"], rel=1e-12)
+    assert "vinf_projections_aligned" not in te
+
+
 def test_shell_closed_forms():
     d, g, eps = 16, 0.8, 0.01
     rms = make_shell("rmsnorm", np.full(d, g))

@@ -394,6 +394,11 @@ def _box_terms(extents: np.ndarray, rotation, eps: float) -> dict:
     out["v2_box_steiner"] = float(special.logsumexp(log_e + _log_kappa(d - j)) - _log_kappa(d))
     rho_p = 0.5 * math.sqrt(d) * eps
     log_e2 = _log_elementary_symmetric(np.log(extents / eps))
+    # Vinf exact as a zonotope: box + Q(eps) has generators a_i R_i and eps e_j; its volume is
+    # sum over d-subsets of |det|, i.e. sum_k sum_{|A|=k,|I|=k} prod_A (a_i/eps) |det R_{A,I}|
+    # (times eps^d); Cauchy-Schwarz and Cauchy-Binet (sum_I det^2 R_{A,I} = 1, orthonormal rows)
+    # bound the inner sum by sqrt(C(d,k))
+    out["vinf_box_zonotope"] = float(special.logsumexp(log_e2 + 0.5 * _log_binom_array(d)))
     out["vinf_box_steiner"] = float(special.logsumexp(
         log_e2 + _log_kappa(d - j) + (d - j) * math.log(rho_p / eps)))
     return out
@@ -630,7 +635,8 @@ def log_packing_number(support, eps, *, variant: str = "rigorous") -> float:
     - **box** with extents ``a_i`` (THEORY.md): ``sum_i log(1 + a_i/eps)``, rigorous (Vinf,
       exact) when the box is axis-aligned; for a rotated box it is *not* rigorous (the eps-cubes
       of the model's grid are not aligned with the box), and the rigorous bound is the smallest
-      of ``sum_i log(a_i/eps + ||R_i||_1)``, the Steiner formula
+      of ``sum_i log(a_i/eps + ||R_i||_1)``, the zonotope volume
+      ``log sum_k sqrt(C(d,k)) e_k(a/eps)`` (Cauchy-Binet), the Steiner formula
       ``sum_j e_j(a) kappa_{d-j} rho^{d-j}`` (V2 and Vinf), and the circumscribed ball.
     - **ellipsoid** with semi-axes ``s_i``: paper ``sum_i log(1 + 2 s_i/eps)``, an approximation
       (the Minkowski sum ``E + B(rho)`` is *not* inside the ellipsoid with semi-axes

@@ -140,7 +140,13 @@ def test_box_closed_forms():
     t = B.packing_bound_terms(box2, eps)
     assert t["v2_box_steiner"] == pytest.approx(
         math.log((3.0 + 2 * rho * 4.0 + math.pi * rho**2) / (math.pi * rho**2)), rel=1e-12)
+    # exact area of the zonotope rectangle + square, by hand: a1 a2 + eps (a1 |R_1|_1 + a2 |R_2|_1)
+    # + eps^2; the Cauchy-Binet bound 1 + sqrt(2) (a1 + a2)/eps + a1 a2/eps^2 is above it
     l1 = np.abs(R).sum(axis=1)
+    exact = (3.0 + eps * (3.0 * l1[0] + 1.0 * l1[1]) + eps**2) / eps**2
+    assert t["vinf_box_zonotope"] == pytest.approx(
+        math.log(1 + math.sqrt(2) * 4.0 / eps + 3.0 / eps**2), rel=1e-12)
+    assert math.log(exact) <= t["vinf_box_zonotope"]
     assert t["vinf_box_rotated"] == pytest.approx(math.log(3 / eps + l1[0]) + math.log(1 / eps + l1[1]))
 
 

@@ -464,11 +464,16 @@ def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=torch.float32, local_files_only=True, **kw
         )
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
-        except (OSError, ValueError, KeyError) as exc:  # a folder without tokenizer files
-            _log.warning("no tokenizer loaded for %s (%s); vocabulary from config", path, exc)
-            tokenizer = None
+        tokenizer = None
+        # transformers 5 builds an empty tokenizer for a folder without tokenizer files: look
+        # for the files first, so that "no tokenizer" is reported as such.
+        if path.is_file() or any((path / f).is_file() for f in _TOKENIZER_FILES):
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
+            except (OSError, ValueError, KeyError) as exc:
+                _log.warning("no tokenizer loaded for %s (%s); vocabulary from config", path, exc)
+        else:
+            _log.warning("no tokenizer files in %s; vocabulary from config", path)
     if source_dtype is None:
         stored = _stored_dtype(path)
         source_dtype = f"{stored} upcast to float32" if stored != "float32" else "float32"
@@ -476,6 +481,10 @@ def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=path,
                        source_dtype=source_dtype)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                    "spiece.model", "vocab.txt")
 
 
 def _stored_dtype(folder: Path) -> str:

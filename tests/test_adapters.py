@@ -308,3 +308,25 @@ def test_smollm2_sampled_hidden_states(smollm2_hidden, smollm2_unembedding):
     g = smollm2_unembedding.norm.weight.astype(np.float64)
     r = np.linalg.norm(H / g, axis=1)
     assert np.all(r <= np.sqrt(576) * (1 + 1e-4)) and np.all(r >= 0.9 * np.sqrt(576))
+
+
+def test_load_local_folder(tmp_path):
+    model, _ = _tiny("qwen2")
+    model.save_pretrained(tmp_path / "tiny-qwen2")
+    lm = load_model(tmp_path / "tiny-qwen2", progress=False)
+    assert lm.name == "tiny-qwen2" and lm.tokenizer is None
+    assert lm.source_dtype == "float32" and not lm.model.training
+    assert next(lm.model.parameters()).dtype == torch.float32
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(6))
+    np.testing.assert_allclose(logits(lm, ids), logits(model, ids), rtol=1e-5, atol=1e-5)
+    u = unembedding(lm)
+    assert u.vocab_source == "config" and u.tied is True
+
+
+def test_load_refuses_other_files(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"\0")
+    with pytest.raises(ValueError, match="not a .gguf file"):
+        load_model(f)
+    with pytest.raises(TypeError, match="name_or_path"):
+        load_model(3)

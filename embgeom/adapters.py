@@ -411,7 +411,7 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", *, progress: bo
     GGUF weights are dequantised by transformers (``from_pretrained(folder, gguf_file=...)``);
     the quantisation grid of the stored weights is reported in ``source_dtype``. Load times on a
     2-core machine: SmolLM2-135M about 25 s (plus about 5 s for its tokenizer), Gemma-3-270m
-    about a minute. Both set ``HF_HUB_OFFLINE=1`` for the call and pass
+    about a minute when the machine is otherwise idle (4 min measured with load average 8). Both set ``HF_HUB_OFFLINE=1`` for the call and pass
     ``local_files_only=True``.
 
     Examples

@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``embgeom`` console script. Returns the exit code."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # torch's OpenMP threads spin while they wait; passive waits keep a busy machine usable.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"report": _cmd_report, "cram": _cmd_cram, "copy": _cmd_copy}

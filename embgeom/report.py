@@ -242,28 +242,9 @@ def build_report(
     loaded = model if isinstance(model, adapters.LoadedModel) else adapters.load_model(model)
     u = adapters.unembedding(loaded)
     lap("load_model", t0)
-    model_facts = {
-        "name": loaded.name,
-        "source": str(loaded.source),
-        "source_dtype": loaded.source_dtype,
-        "dtype": u.dtype,
-        "hidden_size": int(u.hidden_size),
-        "vocab_size": int(u.vocab_size),
-        "n_rows": int(u.n_rows),
-        "padded_rows": int(u.padded_rows),
-        "tied": bool(u.tied),
-        "has_bias": u.bias is not None,
-        "final_norm": {
-            "kind": u.norm.kind if u.norm is not None else None,
-            "eps": None if u.norm is None else float(u.norm.eps),
-            "has_bias": u.norm is not None and u.norm.bias is not None,
-            "gain_min": None if u.norm is None or u.norm.weight is None
-            else float(np.min(u.norm.weight)),
-            "gain_max": None if u.norm is None or u.norm.weight is None
-            else float(np.max(u.norm.weight)),
-        },
-        "logit_softcap": getattr(u, "logit_softcap", None),
-    }
+    model_facts = u.to_dict()
+    model_facts["name"] = loaded.name
+    model_facts["source"] = str(loaded.source)
 
     # 2. hidden states
     t0 = time.perf_counter()
@@ -357,8 +338,10 @@ def _markdown(rep: dict) -> str:
         ["hidden size d", m["hidden_size"]], ["vocabulary size |V| (tokenizer)", m["vocab_size"]],
         ["unembedding rows", m["n_rows"]], ["padded rows", m["padded_rows"]],
         ["tied embedding", m["tied"]], ["unembedding bias", m["has_bias"]],
-        ["final norm", f"{fn['kind']} (eps {_fmt(fn['eps'])}, gain "
-                       f"{_fmt(fn['gain_min'])}..{_fmt(fn['gain_max'])})"],
+        ["final norm", f"{fn['kind']} ({fn.get('module')}, eps {_fmt(fn['eps'])}, "
+                       f"gain offset {_fmt(fn.get('gain_offset'))}, max |gain| "
+                       f"{_fmt(fn.get('gain_abs_max'))}, bias {fn.get('has_bias')})"],
+        ["logit soft-cap", m.get("logit_softcap")],
     ]))
     parts += ["", "## Hidden states", "",
               f"{h['n']:,} last-position final hidden states (after the final norm) of random "

@@ -1,0 +1,427 @@
+"""Tests of embgeom.cramming on a tiny random Llama built here (seeded), plus analytic checks of
+the statistics (Wilson interval, logistic n50, slope fit).
+
+The tiny model: d = 32, 2 layers, |V| = 128, initializer_range = 0.3 (THEORY.md: with the default
+0.02 a tiny random Llama cannot be crammed past one token; with 0.3 one memory vector crams short
+targets and fails on long ones, a usable accessibility transition).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from embgeom import cramming
+from embgeom.cramming import (
+    AccessibilityCurve,
+    accessibility_curve,
+    cram,
+    fit_slope,
+    greedy_generate,
+    n50,
+    run_cram,
+    sample_targets,
+    teacher_forced_accuracy,
+    theory_slope,
+    wilson_interval,
+)
+
+VOCAB = 128
+D = 32
+STEPS = 100
+LR = 0.05
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model is overhead-bound: one thread is fastest
+    yield
+    torch.set_num_threads(old)
+
+
+def _tiny_llama(seed: int = 0, initializer_range: float = 0.3):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+        initializer_range=initializer_range, tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny, tmp_path_factory):
+    """The full m = 1..4 sweep through run_cram (adaptive lengths), written to a folder."""
+    out = tmp_path_factory.mktemp("cram")
+    summary = run_cram(
+        tiny, [1, 2, 3, 4], out, lengths=[2, 4, 8, 16], n_targets=8, steps=STEPS, lr=LR,
+        seed=0, adaptive=True, max_length=64, n_boot=50, progress=False,
+    )
+    return summary, out
+
+
+# ------------------------------------------------------------------ the sweep and the slope
+
+
+def test_sweep_n50_grows_with_m_and_is_linear(sweep):
+    summary, _ = sweep
+    n50s = [summary["n50"][str(m)]["n50"] for m in (1, 2, 3, 4)]
+    assert all(np.isfinite(n50s))
+    assert all(b > a for a, b in zip(n50s, n50s[1:])), n50s
+    fit = summary["fit"]
+    assert fit is not None and fit["m"] == [1, 2, 3, 4]
+    # the linear law: both the fit through the origin (its usual, uncentred R^2) and the affine
+    # fit explain n50 vs m
+    assert fit["r2_uncentred"] >= 0.95, fit
+    assert fit["affine"]["r2"] >= 0.95, fit
+    assert fit["c_emp_lower"] < fit["c_emp"] < fit["c_emp_upper"]
+    # each n50 sits between the last length with accessibility >= 0.5 and the first below
+    for m in (1, 2, 3, 4):
+        c = summary["curves"][str(m)]
+        acc = np.array(c["accessibility"])
+        x = np.array(c["lengths"])
+        lo = x[acc >= 0.5].max()
+        hi = x[acc < 0.5].min()
+        assert lo - 1 <= summary["n50"][str(m)]["n50"] <= hi + 1
+
+
+def test_bound_from_hidden_state_support_exceeds_empirical_slope(tiny, sweep):
+    from embgeom.adapters import sample_hidden_states
+    from embgeom.bounds import precision_eps
+    from embgeom.supports import fit_support
+
+    summary, _ = sweep
+    H, _ = sample_hidden_states(tiny, lengths=[4, 16], n_per_length=64, batch_size=64, seed=0,
+                                progress=False)
+    support = fit_support(H.astype(np.float64), "ball", center="origin")
+    eps = precision_eps(float(np.abs(H).max()), 11)  # the paper's eps = r_inf 2^-11
+    c_theory = theory_slope(support, eps, VOCAB)
+    assert np.isfinite(c_theory)
+    fit = fit_slope(summary["n50"], c_theory=c_theory)
+    assert fit["c_theory"] >= fit["c_emp"], fit
+    assert fit["ratio"] == pytest.approx(c_theory / fit["c_emp"])
+    assert fit["ratio"] >= 1
+
+
+def test_run_cram_files_and_resume(tiny, sweep, monkeypatch):
+    summary, out = sweep
+    lines = [json.loads(x) for x in (out / "cram.jsonl").read_text().splitlines()]
+    trials = sum(sum(c["trials"]) for c in summary["curves"].values())
+    assert len(lines) == trials
+    assert {r["dtype"] for r in lines} == {"float32"}
+    assert len({r["settings_hash"] for r in lines}) == 1
+    assert summary["dtype"] == "float32"
+    for name in ("accessibility.png", "n50_vs_m.png", "cram_summary.json"):
+        assert (out / name).stat().st_size > 0
+    on_disk = json.loads((out / "cram_summary.json").read_text())
+    assert on_disk["fit"]["c_emp"] == pytest.approx(summary["fit"]["c_emp"])
+
+    # a rerun with the same settings must not cram anything
+    def refuse(*a, **k):
+        raise AssertionError("rerun crammed a finished target")
+
+    monkeypatch.setattr(cramming, "cram", refuse)
+    again = run_cram(tiny, [1, 2, 3, 4], out, lengths=[2, 4, 8, 16], n_targets=8, steps=STEPS,
+                     lr=LR, seed=0, adaptive=True, max_length=64, n_boot=50, progress=False,
+                     plot=False)
+    assert again["curves"] == summary["curves"]
+    assert len((out / "cram.jsonl").read_text().splitlines()) == trials
+    # different settings are new work
+    with pytest.raises(AssertionError, match="rerun crammed"):
+        run_cram(tiny, [1], out, lengths=[2], n_targets=2, steps=STEPS + 1, lr=LR, seed=0,
+                 adaptive=False, progress=False, plot=False)
+
+
+# ------------------------------------------------------------------ cram itself
+
+
+def test_batched_equals_one_at_a_time(tiny):
+    T = sample_targets(tiny, 4, 6, seed=3)
+    seeds = [100 + i for i in range(6)]
+    rb = cram(tiny, T, 1, steps=STEPS, lr=LR, seed=seeds)
+    singles = [cram(tiny, T[i : i + 1], 1, steps=STEPS, lr=LR, seed=[seeds[i]]) for i in range(6)]
+    assert 0 < rb.success.sum() < 6  # a mix, so the comparison means something
+    np.testing.assert_array_equal(rb.success_teacher_forced, [r.success_teacher_forced[0] for r in singles])
+    np.testing.assert_array_equal(rb.success_generation, [r.success_generation[0] for r in singles])
+    np.testing.assert_array_equal(rb.steps, [r.steps[0] for r in singles])
+    for i, r in enumerate(singles):
+        np.testing.assert_allclose(rb.memory[i], r.memory[0], rtol=1e-4, atol=1e-5)
+    # an int seed means target i starts from default_rng([seed, i]) whatever the batch
+    r0 = cram(tiny, T[2:3], 1, steps=5, lr=LR, seed=[[7, 2]])
+    r1 = cram(tiny, T, 1, steps=5, lr=LR, seed=7)
+    np.testing.assert_allclose(r0.memory[0], r1.memory[2], rtol=1e-4, atol=1e-5)
+
+
+def test_result_fields_and_both_verdicts(tiny):
+    T = sample_targets(tiny, 2, 4, seed=1)
+    r = cram(tiny, T, 2, steps=STEPS, lr=LR, seed=0)
+    assert r.memory.dtype == np.float32 and r.memory.shape == (4, 2, D)
+    assert r.success.all()  # 2-token targets with two vectors: all crammable
+    assert (r.steps < STEPS).all() and (r.accuracy == 1).all()
+    # the reported accuracy is reproduced from the returned vectors
+    np.testing.assert_allclose(teacher_forced_accuracy(tiny, r.memory, T), r.accuracy)
+    # generation from the memory vectors alone reproduces the targets
+    np.testing.assert_array_equal(greedy_generate(tiny, r.memory, 2), T)
+    assert r.success_generation.all()
+    # failures on 16-token targets keep the whole budget and report accuracy < 1
+    T16 = sample_targets(tiny, 16, 2, seed=1)
+    f = cram(tiny, T16, 1, steps=20, lr=LR, seed=0)
+    assert not f.success.any() and (f.steps == 20).all() and (f.accuracy < 1).all()
+    assert not f.success_generation.any()
+    rec = f.to_dict()
+    assert json.loads(json.dumps(rec))["targets"][0]["steps"] == 20
+
+
+def test_generation_with_cache_equals_recomputation(tiny):
+    rng = np.random.default_rng(0)
+    M = rng.standard_normal((3, 2, D)).astype(np.float32) * 0.3
+    a = greedy_generate(tiny, M, 6, use_cache=True)
+    b = greedy_generate(tiny, M, 6, use_cache=False)
+    np.testing.assert_array_equal(a, b)
+    # the first generated token is the argmax of the memory-only forward pass
+    with torch.no_grad():
+        first = tiny(inputs_embeds=torch.as_tensor(M)).logits[:, -1].argmax(-1).numpy()
+    np.testing.assert_array_equal(a[:, 0], first)
+
+
+def test_frozen_weights_stay_bit_identical(tiny):
+    before = {k: v.detach().clone() for k, v in tiny.state_dict().items()}
+    flags = {k: p.requires_grad for k, p in tiny.named_parameters()}
+    tiny.train()
+    try:
+        cram(tiny, sample_targets(tiny, 3, 2, seed=0), 2, steps=10, lr=LR)
+        assert tiny.training  # mode restored
+    finally:
+        tiny.eval()
+    for k, v in tiny.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    for k, p in tiny.named_parameters():
+        assert p.grad is None, k
+        assert p.requires_grad == flags[k], k
+
+
+def test_embedding_scale_inside_the_module_is_used(tiny):
+    """A model whose embedding module multiplies by a constant (Gemma's sqrt(d)) gets memory
+    vectors initialised at the scaled level."""
+    class Scaled(torch.nn.Embedding):
+        def forward(self, ids):
+            return super().forward(ids) * 8.0
+
+    base = _tiny_llama(seed=1)
+    scaled = _tiny_llama(seed=1)
+    emb = Scaled(VOCAB, D)
+    emb.weight.data.copy_(base.get_input_embeddings().weight.data)
+    scaled.set_input_embeddings(emb)
+    T = sample_targets(base, 3, 2, seed=0)
+    a = cram(base, T, 1, steps=0, check_generation=False, seed=0)
+    b = cram(scaled, T, 1, steps=0, check_generation=False, seed=0)
+    np.testing.assert_allclose(b.memory, 8.0 * a.memory, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_input(tiny):
+    T = sample_targets(tiny, 3, 2, seed=0)
+    with pytest.raises(ValueError, match="n_mem"):
+        cram(tiny, T, 0)
+    with pytest.raises(TypeError, match="n_mem"):
+        cram(tiny, T, 1.5)
+    with pytest.raises(ValueError, match="targets"):
+        cram(tiny, np.zeros((0, 3), np.int64), 1)
+    with pytest.raises(ValueError, match="targets"):
+        cram(tiny, np.zeros((2, 0), np.int64), 1)
+    with pytest.raises(ValueError, match=r"targets: token ids must lie in \[0, 128\)"):
+        cram(tiny, np.array([[1, VOCAB]]), 1)
+    with pytest.raises(ValueError, match="targets"):
+        cram(tiny, np.array([[-1, 2]]), 1)
+    with pytest.raises(TypeError, match="targets"):
+        cram(tiny, np.array([[1.0, 2.0]]), 1)
+    with pytest.raises(ValueError, match="lr"):
+        cram(tiny, T, 1, lr=0)
+    with pytest.raises(ValueError, match="seed"):
+        cram(tiny, T, 1, seed=[1, 2, 3])
+    with pytest.raises(ValueError, match="input embeddings"):
+        cram(torch.nn.Linear(4, 4), T, 1)
+
+    class NoEmb(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2))
+
+        def get_input_embeddings(self):
+            return None
+
+    with pytest.raises(ValueError, match="input embeddings"):
+        cram(NoEmb(), T, 1)
+    with pytest.raises(TypeError, match="model"):
+        cram("not a model", T, 1)
+    with pytest.raises(ValueError, match="lengths"):
+        accessibility_curve(tiny, 1, None, 2, adaptive=False, progress=False)
+    with pytest.raises(ValueError, match="target_source"):
+        sample_targets(tiny, 3, 2, target_source="poems")
+    with pytest.raises(ValueError, match="tokenizer"):
+        sample_targets(tiny, 3, 2, target_source="words")
+
+
+# ------------------------------------------------------------------ targets
+
+
+class _FakeTokenizer:
+    """Just enough of a tokenizer: GPT-2-style pieces, two special tokens."""
+
+    all_special_ids = [0, 1]
+
+    def __init__(self, n):
+        words = ["\u0120cat", "\u0120dog", "\u0120tree", "\u2581sun", "\u0120x1", "ing", "\u0120a"]
+        self.pieces = [words[i % len(words)] + ("" if i < len(words) else chr(97 + i % 26) * (i // 26 + 1))
+                       for i in range(n)]
+
+    def __len__(self):
+        return len(self.pieces)
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.pieces[i] for i in ids]
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [2 + (ord(ch) % 100) for ch in text if ch != " "]}
+
+
+def test_sample_targets_random_tokens(tiny):
+    loaded = SimpleNamespace(model=tiny, tokenizer=_FakeTokenizer(VOCAB), name="tiny")
+    long = sample_targets(loaded, 150, 5, seed=4)
+    short = sample_targets(loaded, 70, 5, seed=4)
+    assert long.dtype == np.int64 and long.shape == (5, 150)
+    np.testing.assert_array_equal(long[:, :70], short)  # prefixes
+    assert long.min() >= 2 and long.max() < VOCAB  # special tokens 0, 1 never drawn
+    np.testing.assert_array_equal(sample_targets(loaded, 150, 2, seed=4, start=3), long[3:5])
+    assert not np.array_equal(sample_targets(loaded, 150, 5, seed=5), long)
+    # uniform over the pool: chi-square on the counts of many draws
+    many = sample_targets(tiny, 64, 200, seed=0).ravel()
+    counts = np.bincount(many, minlength=VOCAB)
+    assert stats.chisquare(counts).pvalue > 1e-4
+
+
+def test_sample_targets_words_and_texts(tiny):
+    tok = _FakeTokenizer(VOCAB)
+    loaded = SimpleNamespace(model=tiny, tokenizer=tok, name="tiny")
+    W = sample_targets(loaded, 40, 4, target_source="words", seed=0)
+    pieces = tok.convert_ids_to_tokens(W.ravel().tolist())
+    assert all(p[0] in ("\u0120", "\u2581") and p[1:].isalpha() and len(p) >= 3 for p in pieces)
+    assert not (np.isin(W, [0, 1])).any()
+    texts = ["abc", "de"]
+    X = sample_targets(loaded, 7, 3, target_source=texts, seed=0)
+    stream = [2 + ord(c) % 100 for c in "abcde"]
+    np.testing.assert_array_equal(X[0], [stream[i % 5] for i in range(7)])
+    np.testing.assert_array_equal(X[1], [stream[(3 + i) % 5] for i in range(7)])
+    np.testing.assert_array_equal(X[2], X[0])  # text j mod len(texts)
+
+
+# ------------------------------------------------------------------ adaptive mode (fake cram)
+
+
+def _threshold_cram(threshold):
+    def fake(model, targets, n_mem, **kw):
+        B, n = np.asarray(targets).shape
+        ok = np.full(B, n <= threshold * n_mem)
+        return cramming.CramResult(
+            success_teacher_forced=ok, success_generation=ok, steps=np.zeros(B, np.int64),
+            loss=np.zeros(B), accuracy=ok.astype(float), memory=np.zeros((B, n_mem, D), np.float32),
+            n_mem=n_mem, length=n, dtype="float32", device="cpu", wall_s=0.0,
+        )
+
+    return fake
+
+
+def test_adaptive_doubles_then_bisects(tiny, monkeypatch):
+    monkeypatch.setattr(cramming, "cram", _threshold_cram(5))
+    c = accessibility_curve(tiny, 1, None, 3, adaptive=True, max_length=64, progress=False)
+    # 1, 2, 4 pass, 8 fails; bisection 6 (fails), 5 (passes); stop: 5 and 6 adjacent
+    assert c.lengths.tolist() == [1, 2, 4, 5, 6, 8]
+    assert c.accessibility.tolist() == [1, 1, 1, 1, 0, 0]
+    c2 = accessibility_curve(tiny, 2, [3, 6, 12, 24], 3, adaptive=True, progress=False)
+    assert c2.lengths.tolist() == [3, 6, 9, 10, 11, 12]
+    r = n50(c2, n_boot=20)
+    assert 10 < r["n50"] < 11  # separated data: the midpoint of the gap
+    c3 = accessibility_curve(tiny, 1, [20, 40], 3, adaptive=True, progress=False)
+    assert c3.lengths.tolist() == [5, 6, 7, 10, 20]  # fails at once: bisect down from 0
+    full = accessibility_curve(tiny, 1, [2, 64], 2, adaptive=True, max_length=32, progress=False)
+    assert full.lengths.tolist() == [2]  # max_length removes 64; never crosses: censored
+    assert n50(full)["censored"] == "above" and math.isnan(n50(full)["n50"])
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def test_wilson_interval_closed_forms():
+    z = stats.norm.ppf(0.975)
+    lo, hi = wilson_interval([0, 10, 5], [10, 10, 10])
+    assert lo[0] == 0 and hi[0] == pytest.approx(z * z / (10 + z * z))
+    assert hi[1] == 1 and lo[1] == pytest.approx(10 / (10 + z * z))
+    # symmetric around 1/2 at k = N/2
+    assert lo[2] + hi[2] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        wilson_interval([3], [2])
+
+
+def test_n50_recovers_a_known_logistic():
+    x = np.arange(2, 41, 2)
+    true_n50, s = 17.3, 2.5
+    N = np.full(x.size, 4000)
+    k = np.round(N / (1 + np.exp((x - true_n50) / s))).astype(int)
+    curve = AccessibilityCurve(n_mem=1, lengths=x, successes=k, successes_generation=k, trials=N)
+    r = n50(curve, n_boot=100, seed=0)
+    assert r["n50"] == pytest.approx(true_n50, abs=0.05)
+    assert r["scale"] == pytest.approx(s, rel=0.05)
+    assert r["lower"] < r["n50"] < r["upper"] and r["upper"] - r["lower"] < 1
+    assert n50(curve.to_dict(), n_boot=100, seed=0) == r  # dict form, seeded
+    # few trials: wider interval
+    k8 = np.round(8 / (1 + np.exp((x - true_n50) / s))).astype(int)
+    r8 = n50({"lengths": x, "successes": k8, "trials": np.full(x.size, 8)}, n_boot=100)
+    assert r8["upper"] - r8["lower"] > r["upper"] - r["lower"]
+    below = n50({"lengths": [4, 8], "successes": [1, 0], "trials": [4, 4]})
+    assert below["censored"] == "below"
+    with pytest.raises(ValueError, match="curve"):
+        n50({"lengths": [4, 8], "successes": [5, 0], "trials": [4, 4]})
+    with pytest.raises(TypeError, match="curve"):
+        n50([1, 2, 3])
+
+
+def test_fit_slope_against_numpy():
+    exact = fit_slope({1: 3.0, 2: 6.0, 4: 12.0})
+    assert exact["c_emp"] == pytest.approx(3.0) and exact["r2"] == pytest.approx(1.0)
+    assert exact["affine"]["intercept"] == pytest.approx(0.0, abs=1e-12)
+    rng = np.random.default_rng(0)
+    m = np.arange(1, 7)
+    y = 4.0 * m + 1.5 + rng.normal(0, 0.5, m.size)
+    f = fit_slope({int(a): {"n50": float(b)} for a, b in zip(m, y)}, c_theory=40.0)
+    c, res, *_ = np.linalg.lstsq(m[:, None].astype(float), y, rcond=None)
+    assert f["c_emp"] == pytest.approx(float(c[0]))
+    assert f["r2_uncentred"] == pytest.approx(1 - float(res[0]) / float(y @ y))
+    assert f["r2"] == pytest.approx(1 - float(res[0]) / float(((y - y.mean()) ** 2).sum()))
+    slope, icpt = np.polyfit(m, y, 1)
+    assert f["affine"]["slope"] == pytest.approx(slope) and f["affine"]["intercept"] == pytest.approx(icpt)
+    assert f["affine"]["slope_lower"] < slope < f["affine"]["slope_upper"]
+    assert f["ratio"] == pytest.approx(40.0 / f["c_emp"])
+    assert f["ratio_lower"] < f["ratio"] < f["ratio_upper"]
+    with pytest.raises(ValueError, match="at least two"):
+        fit_slope({1: 3.0})
+    with pytest.raises(ValueError, match="m=2"):
+        fit_slope({1: 3.0, 2: float("nan")})
+    with pytest.raises(TypeError):
+        fit_slope([3.0, 6.0])

@@ -1,6 +1,6 @@
 """The copy task: a small transformer trained to copy, and the length where it stops copying.
 
-The second experiment of the paper (Meyer et al., ICML 2026, Sec. 5; the task follows
+The second experiment of the paper (Meyer et al., ICML 2026; the task follows
 Jelassi et al., "Repeat After Me: Transformers are Better than State Space Models at Copying",
 ICML 2024): a decoder-only transformer trained from scratch to copy sequences of up to
 ``l_train`` symbols copies them perfectly, then fails abruptly, not gradually, beyond a length
@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._validation import check_positive, check_positive_int
+from ._validation import check_array, check_positive, check_positive_int
 
 __all__ = [
     "CopyTask",
@@ -525,6 +525,12 @@ def wilson_interval(k, n, z: float = 1.959963984540054):
     lower, upper : numpy.ndarray of float64
         Bounds in [0, 1], same shape as ``k``.
 
+    Examples
+    --------
+    >>> lo, hi = wilson_interval(0, 10)
+    >>> float(lo), round(float(hi), 4)
+    (0.0, 0.2775)
+
     References
     ----------
     E. B. Wilson, "Probable inference, the law of succession, and statistical inference",
@@ -585,6 +591,19 @@ def detect_cliff(lengths, exact_match, n_eval, *, threshold: float = 0.5, z: flo
         Empty or mismatched inputs, repeated lengths, accuracies outside [0, 1], ``n_eval < 1``.
     TypeError
         Non-integer lengths or non-float accuracies.
+
+    See Also
+    --------
+    wilson_interval : the per-length interval.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> lengths = np.arange(1, 31)
+    >>> detect_cliff(lengths, np.where(lengths < 13, 1.0, 0.0), 200)
+    (13, (13, 13))
+    >>> detect_cliff(lengths, np.full(30, 0.9), 200)
+    (None, None)
     """
     lengths = _check_lengths(lengths)
     if np.unique(lengths).size != lengths.size:
@@ -592,8 +611,6 @@ def detect_cliff(lengths, exact_match, n_eval, *, threshold: float = 0.5, z: flo
     acc = np.asarray(exact_match)
     if acc.dtype.kind in "iu":
         acc = acc.astype(np.float64)
-    from ._validation import check_array
-
     acc = check_array(acc, "exact_match", ndim=1, shape=(lengths.size,))
     if np.any(acc < 0) or np.any(acc > 1):
         raise ValueError("exact_match: expected accuracies in [0, 1]")
@@ -724,17 +741,24 @@ def compare_with_bounds(
     Returns
     -------
     dict
-        JSON-able: ``precision``, ``eps``, ``prompt_support`` (ball ``to_dict``),
-        ``hidden_support``, ``slope_tokens_per_vector`` (``C`` with ``log A``),
-        ``slope_refined`` (with ``lambda``; ``None`` when the cell fractions cannot be formed),
-        ``rate_lambda``, ``log_alphabet``, ``bound_threshold_length`` (``None`` = no limit),
-        ``per_length`` (lists ``lengths``, ``log_accessible_lower``, ``log_bound``, in nats),
+        JSON-able: ``precision``, ``r_inf``, ``eps``, ``hidden_size``, ``prompt_support``
+        (``shape``, ``radius``, ``log_volume``), ``log_packing_number`` (nats),
+        ``hidden_support`` (ball radius, log volume, sample size, lengths used),
+        ``log_alphabet``, ``slope_tokens_per_vector`` (``C`` with ``log A``), ``rate_lambda``
+        and ``slope_refined`` (``None`` when no uniform point falls in an alphabet cell),
+        ``alphabet_cell_fractions``, ``fraction_of_support_in_alphabet_cells``,
+        ``bound_threshold_length`` and ``bound_threshold_length_refined`` (``None`` = no
+        limit), ``cor410_n_threshold_unbounded`` (tokens; scale only), ``per_length`` (lists
+        ``lengths``, ``log_accessible_lower`` (``None`` for ``log 0``), ``log_bound``, in nats),
         ``consistent`` (bool), ``notes`` (str).
 
     Raises
     ------
     ImportError
         When :mod:`embgeom.bounds` or :mod:`embgeom.supports` is not installed.
+    TypeError, ValueError
+        ``task`` not a CopyTask, ``evaluation`` not the dict of :func:`evaluate_copy`,
+        ``n_cell_samples < 100``, an unknown ``precision``.
 
     Notes
     -----

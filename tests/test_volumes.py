@@ -1,0 +1,171 @@
+"""Monte Carlo cell volumes: analytic cases, interval coverage, exact 2-d sectors, report section."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from scipy.spatial import ConvexHull
+from scipy.special import gammaln
+
+from embgeom.cells import Decoder
+from embgeom.supports import Ball, Box
+from embgeom.volumes import binomial_interval, cell_volumes, cells_report_section
+
+
+class TinyBall:
+    """A minimal stand-in following the Support contract (dim, sample, log_volume) only."""
+
+    def __init__(self, d, r=1.0):
+        self.dim = d
+        self.r = r
+        self.log_volume = 0.5 * d * np.log(np.pi) - gammaln(d / 2 + 1) + d * np.log(r)
+
+    def sample(self, n, seed=None):
+        rng = np.random.default_rng(seed)
+        g = rng.standard_normal((n, self.dim))
+        g /= np.linalg.norm(g, axis=1, keepdims=True)
+        return self.r * g * rng.uniform(size=(n, 1)) ** (1.0 / self.dim)
+
+
+def cross_polytope(d):
+    return np.vstack([np.vstack([e, -e]) for e in np.eye(d)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("d", [3, 8])
+def test_cross_polytope_fractions(d):
+    dec = Decoder(cross_polytope(d))
+    truth = 1.0 / (2 * d)
+    for support in (Ball(radius=2.0, dim=d), Box(-np.ones(d), np.ones(d)), TinyBall(d)):
+        cv = cell_volumes(dec, support, 20_000, seed=1, progress=False)
+        assert cv.counts.sum() == 20_000 and cv.counts.dtype == np.int64
+        assert cv.fractions.sum() == pytest.approx(1.0, abs=1e-12)
+        assert np.all((cv.lower <= cv.fractions) & (cv.fractions <= cv.upper))
+        np.testing.assert_allclose(cv.fractions, truth, atol=5 * np.sqrt(truth * (1 - truth) / 20_000))
+    assert cell_volumes(dec, Ball(radius=2.0, dim=d), 10, seed=0, progress=False).sampling == "directions"
+    assert cell_volumes(dec, Box(-np.ones(d), np.ones(d)), 10, seed=0, progress=False).sampling == "support"
+
+
+@pytest.mark.parametrize("method", ["clopper-pearson", "wilson"])
+def test_interval_coverage_over_50_seeds(method):
+    d = 3
+    dec = Decoder(cross_polytope(d))
+    truth = 1.0 / (2 * d)
+    cover = []
+    for seed in range(50):
+        cv = cell_volumes(dec, Ball(radius=1.0, dim=d), 400, seed=seed, interval=method, progress=False)
+        cover.append((cv.lower[0] <= truth) & (truth <= cv.upper[0]))
+    assert np.mean(cover) >= 0.90
+
+
+def test_d2_random_w_exact_sectors():
+    # with b = 0 the cell of a hull vertex is its normal cone: the exterior angle / (2 pi)
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((12, 2))
+    hull = ConvexHull(W)
+    v = hull.vertices  # counter-clockwise in 2-d
+    exact = np.zeros(12)
+    for i, t in enumerate(v):
+        e_in = W[t] - W[v[i - 1]]
+        e_out = W[v[(i + 1) % v.size]] - W[t]
+        ang = np.arctan2(e_in[0] * e_out[1] - e_in[1] * e_out[0], e_in @ e_out)
+        exact[t] = ang / (2 * np.pi)
+    assert exact.sum() == pytest.approx(1.0)
+    dec = Decoder(W.astype(np.float32))
+    n = 200_000
+    cv = cell_volumes(dec, Ball(radius=1.0, dim=2), n, seed=4, progress=False)
+    # W rounded to float32 moves the boundaries by ~1e-7: negligible against 5 sigma
+    sigma = np.sqrt(exact * (1 - exact) / n)
+    assert np.all(np.abs(cv.fractions - exact) <= 5 * sigma + 1e-12)
+    assert np.all(cv.counts[exact == 0] == 0)
+    # the square is not rotation invariant (other fractions), but interior tokens stay empty
+    cvb = cell_volumes(dec, Box(-np.ones(2), np.ones(2)), 20_000, seed=5, progress=False)
+    assert np.all(cvb.counts[exact == 0] == 0)
+
+
+def test_seeding_chunks_and_log_volumes():
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((30, 4)).astype(np.float32)
+    b = rng.standard_normal(30).astype(np.float32)
+    dec = Decoder(W, b)
+    box = Box(-np.ones(4), 2 * np.ones(4))
+    a = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
+    c = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
+    np.testing.assert_array_equal(a.counts, c.counts)
+    # the chunks are the support's own draws from SeedSequence children: recount by hand
+    children = np.random.SeedSequence(7).spawn(5)
+    X = np.vstack([box.sample(1000, seed=np.random.default_rng(ch)) for ch in children])
+    np.testing.assert_array_equal(a.counts, np.bincount(dec.assign(X), minlength=30))
+    lv = a.log_volumes
+    hit = a.counts > 0
+    np.testing.assert_allclose(lv[hit], np.log(a.fractions[hit]) + box.log_volume)
+    assert np.all(np.isneginf(lv[~hit]))
+    assert a.support_log_volume == pytest.approx(4 * np.log(3.0))
+
+
+def test_binomial_interval_zero_hits_and_bounds():
+    lo, hi = binomial_interval(np.array([0, 5, 100]), 100)
+    assert lo[0] == 0 and hi[0] == pytest.approx(1 - 0.025 ** (1 / 100))
+    assert hi[2] == 1.0 and lo[2] == pytest.approx(0.025 ** (1 / 100))
+    lw, hw = binomial_interval(np.array([0, 5, 100]), 100, method="wilson")
+    assert hw[0] > 0 and lw[1] < 0.05 < hw[1]
+    with pytest.raises(ValueError):
+        binomial_interval(np.array([101]), 100)
+
+
+def test_histogram_and_top(tmp_path):
+    dec = Decoder(np.vstack([cross_polytope(3), np.zeros((2, 3), np.float32)]))  # 2 empty cells
+    cv = cell_volumes(dec, Ball(radius=1.0, dim=3), 3000, seed=0, progress=False)
+    assert cv.n_zero == 2 and cv.upper[-1] > 0
+    path = tmp_path / "h.png"
+    ax = cv.histogram(path=path)
+    assert path.stat().st_size > 1000
+    assert any("0 hits" in t.get_text() for t in ax.texts)
+    top = cv.top(3)
+    assert [r["count"] for r in top] == sorted(cv.counts)[::-1][:3]
+    assert cv.top_share(0.01) == pytest.approx(cv.counts.max() / 3000)
+    json.dumps(cv.to_dict())
+
+
+def test_bad_input():
+    dec = Decoder(cross_polytope(3))
+    with pytest.raises(ValueError, match="n_samples"):
+        cell_volumes(dec, Ball(radius=1.0, dim=3), 0, progress=False)
+    with pytest.raises(ValueError, match="n_samples"):
+        cell_volumes(dec, Ball(radius=1.0, dim=3), -5, progress=False)
+    with pytest.raises(TypeError, match="n_samples"):
+        cell_volumes(dec, Ball(radius=1.0, dim=3), 10.0, progress=False)
+    with pytest.raises(ValueError, match="dimension"):
+        cell_volumes(dec, Ball(radius=1.0, dim=4), 10, progress=False)
+    with pytest.raises(TypeError, match="support"):
+        cell_volumes(dec, object(), 10, progress=False)
+    with pytest.raises(TypeError, match="decoder"):
+        cell_volumes(cross_polytope(3), Ball(radius=1.0, dim=3), 10, progress=False)
+    with pytest.raises(ValueError, match="interval"):
+        cell_volumes(dec, Ball(radius=1.0, dim=3), 10, interval="normal", progress=False)
+
+    class NaNSupport(TinyBall):
+        def sample(self, n, seed=None):
+            return np.full((n, self.dim), np.nan)
+
+    with pytest.raises(ValueError, match="NaN"):
+        cell_volumes(Decoder(cross_polytope(3), np.zeros(6)), NaNSupport(3), 10, progress=False)
+
+
+def test_report_section(tmp_path):
+    W = np.vstack([cross_polytope(3), np.array([[0.1, 0.1, 0.0]])]).astype(np.float32)  # one inside
+
+    class Tok:
+        def convert_ids_to_tokens(self, ids):
+            return [f"tok{i}" for i in ids]
+
+    out = cells_report_section(Decoder(W), Ball(radius=1.0, dim=3), 2000, 0, tmp_path / "rep", Tok(), progress=False)
+    json.dumps(out)
+    assert out["unargmaxable"]["n_unargmaxable"] == 1 and out["unargmaxable"]["unargmaxable"] == [6]
+    assert out["unargmaxable"]["tokens"] == ["tok6"]
+    f = np.load(out["fractions_path"])
+    assert f.shape == (7,) and f[6] == 0 and f.sum() == pytest.approx(1.0)
+    assert os.path.getsize(out["histogram_path"]) > 1000
+    assert len(out["top"]) == 7 and out["top"][0]["token"].startswith("tok")

@@ -44,8 +44,14 @@ __all__ = [
     "Support",
     "Ball",
     "Box",
+    "Ellipsoid",
+    "Cone",
+    "FinalNormShell",
     "fit_support",
+    "support_from_final_norm",
+    "supports_report_section",
     "log_unit_ball_volume",
+    "log_cap_fraction",
 ]
 
 _CENTERINGS = ("free", "origin")
@@ -784,9 +790,1032 @@ class Box(Support):
 
 
 # --------------------------------------------------------------------------------------------
-# front door
+# minimum-volume enclosing ellipsoid: Todd-Yildirim with drop steps, batched
 # --------------------------------------------------------------------------------------------
-_SHAPES = {"ball": Ball, "box": Box}
+def _kumar_yildirim_init(Y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices of the Kumar-Yildirim initial core set (at most ``2 d`` points).
+
+    For ``d`` directions, each orthogonal to the span of the previous extreme differences, keep
+    the points of largest and smallest projection (Kumar & Yildirim 2005, Algorithm 3.1).
+    """
+    n, d = Y.shape
+    idx = []
+    basis = np.zeros((0, d))
+    for _ in range(d):
+        b = rng.standard_normal(d)
+        if basis.shape[0]:
+            b -= basis.T @ (basis @ b)
+        nb = np.linalg.norm(b)
+        if nb == 0:
+            break
+        proj = Y @ (b / nb)
+        i, j = int(np.argmax(proj)), int(np.argmin(proj))
+        idx += [i, j]
+        v = Y[i] - Y[j]
+        if basis.shape[0]:
+            v -= basis.T @ (basis @ v)
+        nv = np.linalg.norm(v)
+        if nv > 1e-12 * (np.linalg.norm(Y[i]) + np.linalg.norm(Y[j]) + 1e-300):
+            basis = np.vstack([basis, v / nv])
+    return np.unique(np.asarray(idx, dtype=np.int64))
+
+
+def _mvee_fast(X: np.ndarray, tol: float = 1e-7, max_iter: int = 1_000_000, seed: int = 0,
+               progress: bool = False):
+    """Minimum-volume enclosing ellipsoid by the Todd-Yildirim algorithm with drop steps.
+
+    Works on the lifted points ``q_i = (x_i - mean, 1)`` in ``R^m``, ``m = d + 1``, and the dual
+    ``max_u log det M(u)``, ``M(u) = sum_i u_i q_i q_i^T`` over the simplex, whose gradient is the
+    vector of Mahalanobis norms ``omega_i = q_i^T M(u)^{-1} q_i``. Each step moves weight to the
+    point of largest ``omega`` (increase) or from the active point of smallest ``omega``
+    (decrease, possibly dropping it) with the exact line search
+    ``lambda = (omega_j - m) / (m (omega_j - 1))``; ``M^{-1}`` and ``omega`` follow by
+    Sherman-Morrison rank-one updates. Steps are taken in batches: ``omega``'s rank-one updates
+    need ``Q M^{-1} q_j`` for the stepped points, computed for a batch of candidates at once (one
+    GEMM instead of a GEMV per step) and kept current by rank-one BLAS updates, so the exact
+    sequence of line searches is unchanged; a batch ends when its best candidate violates the
+    optimality conditions by less than half of the worst point overall.
+
+    Stops when ``max_i omega_i <= m (1 + tol)`` and ``min_{u_i > 0} omega_i >= m (1 - tol)``
+    (``tol``-approximate optimality and complementarity, Todd & Yildirim 2007); ``omega`` is
+    recomputed from scratch before the stop is accepted.
+
+    Initialisation: the Kumar-Yildirim core set (Kumar & Yildirim 2005).
+
+    Returns ``(center, A, eps, n_iter)`` with ``A`` already scaled so that the largest
+    ``(x - c)^T A (x - c)`` over the points is exactly 1.
+    """
+    from scipy.linalg.blas import dger
+
+    n, d = X.shape
+    m = d + 1
+    shift = X.mean(axis=0)
+    Y = X - shift
+    Q = np.empty((n, m))
+    Q[:, :d] = Y
+    Q[:, d] = 1.0
+    u = np.zeros(n)
+    core = _kumar_yildirim_init(Y, np.random.default_rng(seed))
+    u[core] = 1.0 / core.size
+
+    def refresh(u):
+        act = np.flatnonzero(u > 0)
+        M = Q[act].T @ (u[act, None] * Q[act])
+        Minv = np.linalg.inv(M)
+        Minv = 0.5 * (Minv + Minv.T)
+        om = np.einsum("ij,ij->i", Q @ Minv, Q)
+        return Minv, om
+
+    try:
+        Minv, om = refresh(u)
+    except np.linalg.LinAlgError:
+        u[:] = 1.0 / n
+        Minv, om = refresh(u)
+    k = 1 if m <= 64 else 32
+    steps = 0
+    batches = 0
+    fresh = True
+    eps = np.inf
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=None, desc="ellipsoid (Todd-Yildirim)", unit="step", leave=False)
+    while steps < max_iter:
+        active = u > 0
+        v_up = om / m - 1.0
+        v_dn = np.where(active, 1.0 - om / m, -np.inf)
+        eps = max(float(v_up.max()), float(v_dn.max()))
+        if eps <= tol:
+            if fresh:
+                break
+            Minv, om = refresh(u)
+            fresh = True
+            continue
+        fresh = False
+        kk = min(k, n)
+        up = np.argpartition(-v_up, kk - 1)[:kk] if kk < n else np.arange(n)
+        act_idx = np.flatnonzero(active)
+        kd = min(max(k // 2, 1), act_idx.size)
+        dn = act_idx[np.argpartition(-v_dn[act_idx], kd - 1)[:kd]] if kd < act_idx.size else act_idx
+        B = np.unique(np.concatenate([up, dn]))
+        G = np.asfortranarray(Minv @ Q[B].T)  # (m, b): M^{-1} q_B, stored scaled by 1/s
+        V = np.asfortranarray(Q @ G)  # (n, b): Q M^{-1} q_B, stored scaled by 1/s
+        s = 1.0
+        used, coefs = [], []
+        scale = 1.0
+        for _ in range(2 * B.size):
+            omB = om[B]
+            cu = omB / m - 1.0
+            cd = np.where(u[B] > 0, 1.0 - omB / m, -np.inf)
+            lu, ld = int(np.argmax(cu)), int(np.argmax(cd))
+            lcol, viol = (lu, cu[lu]) if cu[lu] >= cd[ld] else (ld, cd[ld])
+            worst = max(float(om.max()) / m - 1.0, 1.0 - float(om[u > 0].min()) / m)
+            if viol <= tol or viol < 0.5 * worst:
+                break
+            j = int(B[lcol])
+            w = om[j]
+            lam = (w - m) / (m * (w - 1.0))
+            if lam < 0:
+                lam = max(lam, -u[j] / (1.0 - u[j]))  # drop step: u_j reaches 0
+            den = (1.0 - lam) + lam * w
+            vj = V[:, lcol] * s
+            row = V[B, lcol].copy()
+            gj = G[:, lcol] * s
+            om = (om - (lam / den) * vj * vj) / (1.0 - lam)
+            a = -(lam / den) * s
+            V = dger(a, V[:, lcol].copy(), row, a=V, overwrite_a=1)
+            G = dger(a, G[:, lcol].copy(), row, a=G, overwrite_a=1)
+            s /= 1.0 - lam
+            # M^{-1}_t = (M^{-1}_{t-1} - (lam/den) g g^T) / (1 - lam), accumulated in product form
+            coefs = [c / (1.0 - lam) for c in coefs]
+            coefs.append(lam / den / (1.0 - lam))
+            used.append(gj)
+            scale /= 1.0 - lam
+            u *= 1.0 - lam
+            u[j] += lam
+            if u[j] < 0:
+                u[j] = 0.0
+            steps += 1
+        if used:
+            Gu = np.array(used).T
+            Minv = scale * Minv - (Gu * np.asarray(coefs)) @ Gu.T
+            Minv = 0.5 * (Minv + Minv.T)
+        batches += 1
+        if bar is not None:
+            bar.update(len(used))
+            bar.set_postfix(eps=f"{eps:.2e}")
+        if batches % (200 if k == 1 else 25) == 0:  # refresh against drift
+            u = np.clip(u, 0, None)
+            u /= u.sum()
+            Minv, om = refresh(u)
+            fresh = True
+    if bar is not None:
+        bar.close()
+    c = Y.T @ u
+    Sig = (Y.T * u) @ Y - np.outer(c, c)
+    A = np.linalg.inv(Sig) / d
+    A = 0.5 * (A + A.T)
+    D = Y - c
+    A /= float(np.einsum("ij,ij->i", D @ A, D).max())
+    return c + shift, A, float(eps), steps
+
+
+def _mvee_cvxpy(X: np.ndarray):
+    """MVEE by cvxpy: maximise ``log det B`` s.t. ``|B x_i + b| <= 1``; ``A = B^2``, ``c = -B^{-1} b``."""
+    cp = _import_cvxpy()
+    n, d = X.shape
+    shift = X.mean(axis=0)
+    scale = float(np.abs(X - shift).max())
+    Y = (X - shift) / scale
+    B = cp.Variable((d, d), PSD=True)
+    b = cp.Variable(d)
+    prob = cp.Problem(cp.Maximize(cp.log_det(B)), [cp.norm(Y @ B + b[None, :], 2, axis=1) <= 1])
+    solver = _cvxpy_solve(prob, "Ellipsoid")
+    Bv = np.asarray(B.value, dtype=np.float64)
+    Bv = 0.5 * (Bv + Bv.T)
+    c = -np.linalg.solve(Bv, np.asarray(b.value, dtype=np.float64))
+    A = (Bv @ Bv) / scale**2
+    center = c * scale + shift
+    D = X - center
+    A /= float(np.einsum("ij,ij->i", D @ A, D).max())
+    return center, A, solver
+
+
+class Ellipsoid(Support):
+    """The ellipsoid ``{x : (x - c)^T A (x - c) <= 1}``; as an estimator, the minimum-volume
+    enclosing ellipsoid (MVEE, Loewner-John ellipsoid).
+
+    Parameters
+    ----------
+    center : array_like of float, shape (d,), optional
+        Centre of an ellipsoid built directly (with ``shape_matrix``).
+    shape_matrix : array_like of float, shape (d, d), optional
+        Symmetric positive definite ``A``.
+    quantile : float in (0, 1], default 1.0
+        Robust fit: drop the points of largest Mahalanobis distance to the mean (sample
+        covariance, pseudo-inverse if singular) first.
+    solver : {"auto", "fast", "cvxpy"}, default "auto"
+        ``"fast"``: Todd-Yildirim with drop steps from a Kumar-Yildirim start (see Notes);
+        ``"cvxpy"``: ``max log det B s.t. |B x_i + b| <= 1`` (the reference; small d and N only,
+        its problem has ``d^2`` variables); ``"auto"``: ``"fast"``.
+    tol : float, default 1e-7
+        Relative optimality tolerance ``eps`` of the fast solver (see Notes).
+    ridge : float, optional
+        Regularisation for rank-deficient data (``N <= d`` or points in a proper affine
+        subspace). Without it such data raise ``ValueError``. With ``ridge = t > 0`` the MVEE is
+        fitted in the affine hull of the points (dimension ``k < d``) and given semi-axes ``t``
+        (absolute length) along the ``d - k`` orthogonal directions; ``ridge_`` and
+        ``affine_rank_`` record it.
+    max_iter : int, default 1_000_000
+        Step cap of the fast solver (``eps_`` tells how far it got).
+    progress : bool, default False
+        tqdm progress bar of the fast solver.
+
+    Attributes
+    ----------
+    center_ : ndarray of float64, shape (d,)
+    shape_matrix_ : ndarray of float64, shape (d, d)
+    semi_axes_ : ndarray of float64, shape (d,)
+        Descending; ``1 / sqrt`` of the eigenvalues of ``A``.
+    axes_ : ndarray of float64, shape (d, d)
+        Rows are the principal axes, matching ``semi_axes_``.
+    eps_ : float
+        Final relative optimality gap of the fast solver (NaN for cvxpy, 0 for a built one).
+    gap_nats_ : float
+        ``(d + 1)/2 log(1 + eps_)``: the bound on the excess log-volume over the MVEE that the
+        ``eps``-optimality certificate gives (Todd & Yildirim 2007; Kumar & Yildirim 2005).
+    ridge_ : float or None
+    affine_rank_ : int
+        Dimension of the affine hull of the fitted points (``d`` when full).
+    n_iter_ : int
+
+    Raises
+    ------
+    ValueError
+        A built ellipsoid whose ``shape_matrix`` is not symmetric positive definite; see
+        :meth:`fit` for fits.
+
+    Notes
+    -----
+    ``log_volume = log vol(B_d) + sum_i log s_i = log vol(B_d) - 1/2 log det A`` (nats).
+
+    The fast solver ends at a tolerance, after which ``A`` is scaled so that the farthest point
+    lies exactly on the boundary: every point is contained. Each step costs one rank-one update
+    of ``M^{-1}`` (``d^2``) and of the Mahalanobis norms of the candidates (``N`` each); the
+    product ``Q M^{-1} q_B`` for a batch of candidates is one GEMM. Its convergence is linear
+    but slows down when many points are in the optimal support (i.i.d. Gaussian data in high
+    d: most of them); ``N >> d^2`` is where the support is a small fraction.
+
+    References
+    ----------
+    M. J. Todd and E. A. Yildirim, "On Khachiyan's algorithm for the computation of
+    minimum-volume enclosing ellipsoids", Discrete Applied Mathematics 155 (2007).
+    P. Kumar and E. A. Yildirim, "Minimum-volume enclosing ellipsoids and core sets", J. Optim.
+    Theory Appl. 126 (2005).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> H = np.random.default_rng(0).standard_normal((500, 3))
+    >>> ell = Ellipsoid().fit(H)
+    >>> bool(ell.contains(H).all())
+    True
+    """
+
+    shape = "ellipsoid"
+
+    def __init__(self, center=None, shape_matrix=None, *, quantile=1.0, solver="auto", tol=1e-7,
+                 ridge=None, max_iter=1_000_000, progress=False):
+        super().__init__()
+        self.center = center
+        self.shape_matrix = shape_matrix
+        self.quantile = quantile
+        self.solver = solver
+        self.tol = tol
+        self.ridge = ridge
+        self.max_iter = max_iter
+        self.progress = progress
+        self._d = None
+        if center is not None or shape_matrix is not None:
+            if center is None or shape_matrix is None:
+                raise ValueError("Ellipsoid needs both center and shape_matrix (or neither, then call fit)")
+            c = check_array(center, "center", ndim=1)
+            A = check_array(shape_matrix, "shape_matrix", ndim=2, shape=(c.shape[0], c.shape[0]))
+            self._set(c, A, eps=0.0, n_iter=0, ridge=None, rank=c.shape[0])
+
+    def _set(self, center, A, *, eps, n_iter, ridge, rank):
+        A = np.asarray(A, dtype=np.float64)
+        if not np.allclose(A, A.T, rtol=1e-10, atol=1e-12 * np.abs(A).max()):
+            raise ValueError("shape_matrix: expected a symmetric matrix")
+        A = 0.5 * (A + A.T)
+        w, V = np.linalg.eigh(A)
+        if not w[0] > 0:
+            raise ValueError(
+                f"shape_matrix: expected positive definite, smallest eigenvalue is {w[0]:.3g}"
+            )
+        self.center_ = np.asarray(center, dtype=np.float64)
+        self.shape_matrix_ = A
+        # eigenvalues ascending -> semi-axes descending
+        self.semi_axes_ = 1.0 / np.sqrt(w)
+        self.axes_ = np.ascontiguousarray(V.T)
+        self.eps_ = float(eps)
+        d = self.center_.shape[0]
+        self.gap_nats_ = 0.5 * (d + 1) * math.log1p(eps) if np.isfinite(eps) else float("nan")
+        self.n_iter_ = int(n_iter)
+        self.ridge_ = ridge
+        self.affine_rank_ = int(rank)
+        self._d = d
+
+    def fit(self, H):
+        """Fit the minimum-volume enclosing ellipsoid.
+
+        Parameters
+        ----------
+        H : array_like of float32/float64, shape (N, d)
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        TypeError
+            ``H`` not real floats (float16 refused).
+        ValueError
+            NaN/inf, N < 2, bad options, or rank-deficient points (``N <= d`` or in a proper
+            affine subspace) without ``ridge``.
+        """
+        t0 = time.perf_counter()
+        H = _check_hidden(H)
+        solver = _check_choice(self.solver, "solver", _SOLVERS)
+        q = check_probability(self.quantile, "quantile")
+        tol = check_positive(self.tol, "tol")
+        max_iter = check_positive_int(self.max_iter, "max_iter")
+        ridge = None if self.ridge is None else check_positive(self.ridge, "ridge")
+        n, d = H.shape
+        mu = H.mean(axis=0)
+        Hc = H - mu
+        if q < 1.0:
+            cov = Hc.T @ Hc / max(n - 1, 1)
+            P = np.linalg.pinv(cov, hermitian=True)
+            Hk, _ = _trim(H, np.einsum("ij,ij->i", Hc @ P, Hc), q)
+            mu = Hk.mean(axis=0)
+            Hc = Hk - mu
+        else:
+            Hk = H
+        # affine rank of the kept points
+        _, sv, Vt = np.linalg.svd(Hc, full_matrices=True)
+        rank_tol = sv[0] * max(Hc.shape) * np.finfo(np.float64).eps * 16 if sv.size else 0.0
+        rank = int(np.sum(sv > rank_tol))
+        if rank == 0:
+            raise ValueError("H: all points coincide; no ellipsoid of positive volume encloses them")
+        if rank < d:
+            if ridge is None:
+                raise ValueError(
+                    f"H: the {Hk.shape[0]} points span an affine subspace of dimension {rank} < d={d} "
+                    f"(N <= d or degenerate data); the minimum-volume enclosing ellipsoid is flat "
+                    "(volume 0). Pass more points, or ridge=t to fit in the affine hull and give the "
+                    "remaining axes semi-axis t explicitly"
+                )
+            basis = Vt[:rank]
+            Z = Hc @ basis.T
+        else:
+            basis = None
+            Z = Hk
+        if Z.shape[0] <= Z.shape[1]:  # cannot happen for a genuine affine rank, kept as a guard
+            raise ValueError(f"H: need more than {Z.shape[1]} points for the ellipsoid")
+        if solver == "cvxpy":
+            c, A, name = _mvee_cvxpy(Z)
+            used, eps, it = f"cvxpy:{name}", float("nan"), 0
+        else:
+            c, A, eps, it = _mvee_fast(Z, tol=tol, max_iter=max_iter, progress=bool(self.progress))
+            used = "fast"
+            if eps > tol:
+                warnings.warn(
+                    f"Ellipsoid: the fast solver stopped at max_iter={max_iter} with relative gap "
+                    f"{eps:.3g} > tol={tol:g}; the ellipsoid contains every point but its "
+                    f"log-volume may exceed the minimum by up to {(d + 1) / 2 * math.log1p(eps):.3g} nats",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        if basis is not None:
+            center = mu + c @ basis
+            perp = Vt[rank:]
+            A_full = basis.T @ A @ basis + (perp.T @ perp) / ridge**2
+            c_full = center
+        else:
+            A_full, c_full = A, c
+        self._set(c_full, A_full, eps=eps, n_iter=it, ridge=ridge, rank=rank)
+        # exact containment in the full space (guards the change of basis)
+        g = self._gauge(Hk).max()
+        if g > 1.0:
+            self._set(c_full, A_full / g**2, eps=eps, n_iter=it, ridge=ridge, rank=rank)
+        self._record_fit(n, Hk.shape[0], q, used, t0)
+        return self
+
+    @property
+    def log_volume(self) -> float:
+        """``log vol(B_d) + sum_i log(semi_axes_i)`` in nats."""
+        self._require_fitted()
+        return log_unit_ball_volume(self._d) + float(np.sum(np.log(self.semi_axes_)))
+
+    def _gauge(self, X):
+        Y = (X - self.center_) @ self.axes_.T / self.semi_axes_
+        return np.sqrt(np.einsum("ij,ij->i", Y, Y))
+
+    def sample(self, n: int, seed=None) -> np.ndarray:
+        """``n`` points uniform in the ellipsoid (uniform in the ball, mapped linearly).
+
+        Parameters
+        ----------
+        n : int
+        seed : None, int or numpy Generator
+
+        Returns
+        -------
+        numpy.ndarray of float64, shape (n, d)
+        """
+        self._require_fitted()
+        n = check_positive_int(n, "n")
+        rng = check_seed(seed)
+        B = _unit_ball_samples(rng, n, self._d)
+        return self.center_ + (B * self.semi_axes_) @ self.axes_
+
+    def _params(self):
+        return {
+            "center": self.center_,
+            "semi_axes": self.semi_axes_,
+            "eps": self.eps_,
+            "gap_nats": self.gap_nats_,
+            "n_iter": self.n_iter_,
+            "ridge": self.ridge_,
+            "affine_rank": self.affine_rank_,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# cone
+# --------------------------------------------------------------------------------------------
+def _log_betainc_small(a: float, b: float, x: np.ndarray) -> np.ndarray:
+    """``log I_x(a, b)`` by the series ``I_x = x^a (1-x)^b / (a B(a,b)) sum_n (a+b)_n/(a+1)_n x^n``.
+
+    For ``b <= 1`` the terms decrease monotonically (ratio ``(a+b+n)/(a+1+n) x < x``); the sum
+    lies in ``[1, 1/(1-x)]`` and is accumulated in floats, the prefactor in logs, so the result
+    is finite where ``betainc`` underflows to 0 (DLMF 8.17.8 with 15.2.1).
+    """
+    x = np.atleast_1d(np.asarray(x, dtype=np.float64))
+    out = np.full(x.shape, -np.inf)
+    pos = x > 0
+    if not pos.any():
+        return out
+    xp = x[pos]
+    xmax = float(xp.max())
+    n_terms = int(min(2_000_000, max(10, math.ceil(-40.0 / math.log(xmax)) + 10))) if xmax < 1 else 2_000_000
+    s = np.ones_like(xp)
+    t = np.ones_like(xp)
+    for k in range(n_terms):
+        t = t * ((a + b + k) / (a + 1.0 + k)) * xp
+        s += t
+        if k % 64 == 63 and float((t / s).max()) < 1e-17:
+            break
+    out[pos] = a * np.log(xp) + b * np.log1p(-xp) - math.log(a) - special.betaln(a, b) + np.log(s)
+    return out
+
+
+def log_cap_fraction(half_angle, d: int) -> np.ndarray:
+    """Log of the fraction of the unit ball (equivalently of the sphere ``S^{d-1}``) inside a
+    circular cone of the given half-angle.
+
+    ``f(alpha) = 1/2 I_{sin^2 alpha}((d-1)/2, 1/2)`` for ``alpha <= pi/2`` (regularised incomplete
+    beta; S. Li, "Concise formulas for the area and volume of a hyperspherical cap", Asian J.
+    Math. Stat. 4 (2011)), and ``1 - f(pi - alpha)`` for ``alpha > pi/2``. Computed in logs: where
+    ``betainc`` underflows (tiny caps in high ``d``) a log-space series takes over, so ``d = 576``,
+    ``alpha = 0.3`` is finite. This is the paper's cone refinement (THEORY.md).
+
+    Parameters
+    ----------
+    half_angle : float or array_like of float
+        Half-angle(s) in radians, in ``[0, pi]``.
+    d : int
+        Dimension, >= 2.
+
+    Returns
+    -------
+    float or numpy.ndarray of float64
+        ``log f`` in nats (``-inf`` at ``alpha = 0``, ``0`` at ``alpha = pi``).
+
+    Raises
+    ------
+    ValueError
+        Angles outside ``[0, pi]`` or NaN, ``d < 2``.
+    """
+    d = check_positive_int(d, "d", minimum=2)
+    al = np.asarray(half_angle, dtype=np.float64)
+    scalar = al.ndim == 0
+    al = np.atleast_1d(al)
+    if not np.all(np.isfinite(al)) or np.any(al < 0) or np.any(al > math.pi):
+        raise ValueError("half_angle: expected angles in [0, pi] radians")
+    a, b = 0.5 * (d - 1), 0.5
+    narrow = np.minimum(al, math.pi - al)
+    x = np.sin(narrow) ** 2
+    with np.errstate(divide="ignore"):
+        logI = np.log(special.betainc(a, b, x))
+    small = ~(logI > -650.0)
+    if small.any():
+        logI[small] = _log_betainc_small(a, b, x[small])
+    logI = np.where(narrow >= 0.5 * math.pi, 0.0, logI)  # sin^2 = 1 up to rounding
+    logf = math.log(0.5) + logI
+    wide = al > 0.5 * math.pi
+    logf = np.where(wide, np.log1p(-np.exp(np.minimum(logf, 0.0))), logf)
+    return float(logf[0]) if scalar else logf
+
+
+def _angles(X: np.ndarray, axis: np.ndarray) -> np.ndarray:
+    """Angles (radians) between rows of ``X`` and the unit ``axis``, accurate at small angles."""
+    along = X @ axis
+    perp = np.linalg.norm(X - np.outer(along, axis), axis=1)
+    return np.arctan2(perp, along)
+
+
+def _min_pairwise_cosine(U: np.ndarray, block: int = 2048) -> float:
+    """Smallest ``u_i . u_j`` over all pairs of unit rows (blocked Gram matrix)."""
+    best = 1.0
+    n = U.shape[0]
+    for i in range(0, n, block):
+        G = U[i:i + block] @ U.T
+        best = min(best, float(G.min()))
+    return max(-1.0, min(1.0, best))
+
+
+class Cone(Support):
+    """The circular cone intersected with a ball ``{x : |x| <= r, angle(x, axis) <= alpha}``.
+
+    Apex at the origin (the decoder cells of a bias-free unembedding are cones with that apex).
+
+    Parameters
+    ----------
+    axis : array_like of float, shape (d,), optional
+        Axis of a cone built directly (normalised here).
+    half_angle : float, optional
+        Half-angle in radians, in ``(0, pi]``.
+    radius : float, optional
+        Radius of the ball the cone is cut by.
+    quantile : float in (0, 1], default 1.0
+        Robust fit: drop the points whose direction makes the largest angle with the mean
+        direction first.
+    solver : {"auto", "fast", "cvxpy"}, default "auto"
+        The smallest cone is ``max t s.t. u . x_i/|x_i| >= t, |u| <= 1``, ``alpha = arccos t``
+        (an SOCP, ``"cvxpy"``). Its dual is the minimum-norm point of the convex hull of the
+        directions, which is the dual of the minimum enclosing ball of the unit directions, so
+        ``"fast"`` runs the certified ball solver on them; ``"auto"``: ``"fast"``.
+    tol : float, default 1e-12
+        Fast solver tolerance (as for :class:`Ball`).
+
+    Attributes
+    ----------
+    axis_ : ndarray of float64, shape (d,)
+        Unit axis.
+    half_angle_ : float
+        Radians, in ``(0, pi]``; after a fit the largest angle of a kept direction to
+        ``axis_`` (so every kept point is inside).
+    radius_ : float
+        Largest norm of a kept point.
+    paper_half_angle_ : float
+        The paper's estimate ``arccos(min_{i,j} cos(x_i, x_j)) / 2`` (half of the largest
+        pairwise angle). It is a lower bound of the smallest cone's half-angle (an enclosing cap
+        has at least half the diameter) and need not contain the points.
+    optimal_ : bool
+        ``True`` when the cone is the smallest (directions in an open hemisphere); ``False`` when
+        the directions are not in any open hemisphere (the origin is in the convex hull of the
+        directions, ``t <= 0``): the smallest cone then has half-angle >= pi/2 and is a
+        non-convex problem; the fit returns the cone around the best of a few candidate axes
+        (the ball-solver centre, the mean and the median direction), valid but not certified
+        minimal, and warns.
+
+    Notes
+    -----
+    ``log_volume = log vol(B_d(r)) + log f(alpha)`` with ``f`` the cap fraction
+    (:func:`log_cap_fraction`); for ``alpha > pi/2`` it is ``1 - f(pi - alpha)``.
+
+    Sampling is exact, never rejection from the ball: the angle to the axis has density
+    ``~ sin^{d-2} theta`` on ``[0, alpha]``, drawn by inverting the regularised incomplete beta
+    (``scipy.special.betaincinv``) or, for caps whose mass underflows, by rejection from the
+    exponential envelope ``exp(-(d-2) cot(alpha) (alpha - theta))`` (log sin is concave);
+    then a uniform direction orthogonal to the axis and the radius ``r U^{1/d}``.
+    """
+
+    shape = "cone"
+
+    def __init__(self, axis=None, half_angle=None, radius=None, *, quantile=1.0, solver="auto",
+                 tol=1e-12):
+        super().__init__()
+        self.axis = axis
+        self.half_angle = half_angle
+        self.radius = radius
+        self.quantile = quantile
+        self.solver = solver
+        self.tol = tol
+        self._d = None
+        given = [v is not None for v in (axis, half_angle, radius)]
+        if any(given):
+            if not all(given):
+                raise ValueError("Cone needs axis, half_angle and radius together (or none, then call fit)")
+            ax = check_array(axis, "axis", ndim=1)
+            nrm = float(np.linalg.norm(ax))
+            if not nrm > 0:
+                raise ValueError("axis: expected a non-zero vector")
+            al = check_positive(half_angle, "half_angle")
+            if al > math.pi:
+                raise ValueError(f"half_angle: expected a value in (0, pi], got {al}")
+            r = check_positive(radius, "radius")
+            self._set(ax / nrm, al, r, paper=float("nan"), optimal=True, gap=0.0)
+
+    def _set(self, axis, half_angle, radius, *, paper, optimal, gap):
+        self.axis_ = np.asarray(axis, dtype=np.float64)
+        self.half_angle_ = float(half_angle)
+        self.radius_ = float(radius)
+        self.paper_half_angle_ = float(paper)
+        self.optimal_ = bool(optimal)
+        self.gap_ = float(gap)
+        self._d = self.axis_.shape[0]
+
+    def fit(self, H):
+        """Fit the smallest circular cone (apex at the origin) and the enclosing radius.
+
+        Parameters
+        ----------
+        H : array_like of float32/float64, shape (N, d), d >= 2
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        TypeError
+            ``H`` not real floats (float16 refused).
+        ValueError
+            NaN/inf, N < 2, d < 2, zero vectors (no direction), bad options.
+        """
+        t0 = time.perf_counter()
+        H = _check_hidden(H)
+        solver = _check_choice(self.solver, "solver", _SOLVERS)
+        q = check_probability(self.quantile, "quantile")
+        tol = check_positive(self.tol, "tol")
+        n, d = H.shape
+        if d < 2:
+            raise ValueError("H: a cone needs d >= 2")
+        norms = np.linalg.norm(H, axis=1)
+        zero = np.flatnonzero(~(norms > 0))
+        if zero.size:
+            raise ValueError(
+                f"H: {zero.size} zero vector(s) (first at row {int(zero[0])}); a zero vector has no "
+                "direction, so no cone can be fitted to it"
+            )
+        U = H / norms[:, None]
+        if q < 1.0:
+            mean_dir = U.mean(axis=0)
+            mn = np.linalg.norm(mean_dir)
+            ref = mean_dir / mn if mn > 0 else U[0]
+            keep_src = np.concatenate([U, norms[:, None]], axis=1)
+            kept, _ = _trim(keep_src, -(U @ ref), q)
+            U, normk = kept[:, :d], kept[:, d]
+        else:
+            normk = norms
+        gap = 0.0
+        if solver == "cvxpy":
+            cp = _import_cvxpy()
+            u = cp.Variable(d)
+            t = cp.Variable()
+            prob = cp.Problem(cp.Maximize(t), [U @ u >= t, cp.norm(u, 2) <= 1])
+            name = _cvxpy_solve(prob, "Cone")
+            cand = np.asarray(u.value, dtype=np.float64)
+            used, gap = f"cvxpy:{name}", float("nan")
+        else:
+            cand, _, gap, _, _ = _meb_fast(U, tol=tol)
+            used = "fast"
+        candidates = []
+        if np.linalg.norm(cand) > 0:
+            candidates.append(cand / np.linalg.norm(cand))
+        best_axis, best_angle = None, np.inf
+        for ax in candidates:
+            ang = float(_angles(U, ax).max())
+            if ang < best_angle:
+                best_axis, best_angle = ax, ang
+        optimal = best_angle <= 0.5 * math.pi
+        if not optimal:
+            for ref in (U.mean(axis=0), np.median(U, axis=0)):
+                nr = np.linalg.norm(ref)
+                if nr > 0:
+                    ang = float(_angles(U, ref / nr).max())
+                    if ang < best_angle:
+                        best_axis, best_angle = ref / nr, ang
+            if best_axis is None:
+                best_axis, best_angle = U[0], float(_angles(U, U[0]).max())
+            warnings.warn(
+                "Cone: the directions are not contained in any open hemisphere (the origin is in "
+                f"their convex hull); returning a cone of half-angle {best_angle:.4f} rad > pi/2 "
+                "around a heuristic axis, valid but not certified minimal",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        half = min(max(best_angle, 1e-300), math.pi)
+        paper = 0.5 * math.acos(_min_pairwise_cosine(U))
+        self._set(best_axis, half, float(normk.max()), paper=paper, optimal=optimal, gap=gap)
+        self._record_fit(n, U.shape[0], q, used, t0)
+        return self
+
+    @property
+    def log_volume(self) -> float:
+        """``log vol(B_d(r)) + log f(alpha)`` in nats (see :func:`log_cap_fraction`)."""
+        self._require_fitted()
+        return (log_unit_ball_volume(self._d) + self._d * math.log(self.radius_)
+                + log_cap_fraction(self.half_angle_, self._d))
+
+    @property
+    def paper_log_volume_(self) -> float:
+        """The log-volume with the paper's half-angle estimate in place of ``half_angle_``."""
+        self._require_fitted()
+        if not np.isfinite(self.paper_half_angle_):
+            return float("nan")
+        return (log_unit_ball_volume(self._d) + self._d * math.log(self.radius_)
+                + log_cap_fraction(self.paper_half_angle_, self._d))
+
+    def _gauge(self, X):
+        nrm = np.linalg.norm(X, axis=1)
+        ang = np.where(nrm > 0, _angles(X, self.axis_), 0.0)
+        return np.maximum(nrm / self.radius_, ang / self.half_angle_)
+
+    def _sample_angles(self, rng, n):
+        d, al = self._d, self.half_angle_
+        a, b = 0.5 * (d - 1), 0.5
+        logF = log_cap_fraction(al, d)
+        if logF > -600.0:
+            p = rng.uniform(size=n) * math.exp(logF)
+            lo = p <= 0.5
+            theta = np.empty(n)
+            s = special.betaincinv(a, b, np.clip(2.0 * p[lo], 0.0, 1.0))
+            theta[lo] = np.arcsin(np.sqrt(s))
+            s = special.betaincinv(a, b, np.clip(2.0 * (1.0 - p[~lo]), 0.0, 1.0))
+            theta[~lo] = math.pi - np.arcsin(np.sqrt(s))
+            return np.minimum(theta, al)
+        # tiny cap (alpha < pi/2 here): rejection from an exponential envelope on t = alpha - theta
+        rate = (d - 2) / math.tan(al)
+        out = np.empty(0)
+        log_sin_al = math.log(math.sin(al))
+        while out.size < n:
+            m = 2 * (n - out.size) + 16
+            t = -np.log1p(-rng.uniform(size=m) * (-math.expm1(-rate * al))) / rate
+            th = al - t
+            with np.errstate(divide="ignore"):
+                log_acc = (d - 2) * (np.log(np.sin(th)) - log_sin_al + t / math.tan(al))
+            acc = np.log(rng.uniform(size=m)) <= np.minimum(log_acc, 0.0)
+            out = np.concatenate([out, th[acc]])
+        return out[:n]
+
+    def sample(self, n: int, seed=None) -> np.ndarray:
+        """``n`` points uniform in the cone intersected with the ball (exact, see Notes).
+
+        Parameters
+        ----------
+        n : int
+        seed : None, int or numpy Generator
+
+        Returns
+        -------
+        numpy.ndarray of float64, shape (n, d)
+        """
+        self._require_fitted()
+        n = check_positive_int(n, "n")
+        rng = check_seed(seed)
+        d = self._d
+        theta = self._sample_angles(rng, n)
+        g = rng.standard_normal((n, d))
+        g -= np.outer(g @ self.axis_, self.axis_)
+        g /= np.linalg.norm(g, axis=1, keepdims=True)
+        r = self.radius_ * np.exp(np.log(rng.uniform(size=n)) / d)
+        return r[:, None] * (np.cos(theta)[:, None] * self.axis_ + np.sin(theta)[:, None] * g)
+
+    def _params(self):
+        return {
+            "axis": self.axis_,
+            "half_angle": self.half_angle_,
+            "radius": self.radius_,
+            "paper_half_angle": self.paper_half_angle_,
+            "paper_log_volume": self.paper_log_volume_,
+            "log_cap_fraction": log_cap_fraction(self.half_angle_, self._d),
+            "optimal": self.optimal_,
+            "gap": self.gap_,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# the final-norm shell
+# --------------------------------------------------------------------------------------------
+class FinalNormShell(Support):
+    """The set of outputs of the final RMSNorm/LayerNorm: a data-free, architecture-certified
+    support. Build it with :func:`support_from_final_norm`.
+
+    Derivation (``h`` the output, ``g`` the effective gain, ``b`` the bias, ``eps`` the norm's
+    epsilon, ``y_i = (h_i - b_i) / g_i``):
+
+    - RMSNorm ``h = g * x / sqrt(ms + eps)``, ``ms = mean(x^2)``:
+      ``sum_i y_i^2 = sum_i x_i^2 / (ms + eps) = d ms / (ms + eps) <= d``, with equality up to the
+      factor ``ms / (ms + eps)``, which is ``1 - eps/ms``: 1 to float precision for real
+      residual streams (``ms >> eps``). So ``h`` lies on the ellipsoidal shell
+      ``{h : sum_i (h_i / g_i)^2 = d}`` (``b = 0``), semi-axes ``sqrt(d) |g_i|``.
+    - LayerNorm ``h = g * (x - mu) / sqrt(var + eps) + b``: ``sum_i y_i = 0`` and
+      ``sum_i y_i^2 = d var / (var + eps) <= d``: the same shell, shifted by ``b`` and cut by the
+      hyperplane ``sum_i y_i = 0`` (a (d-2)-dimensional ellipsoid).
+
+    Strictly the image over all inputs is the solid ``sum y_i^2 <= d`` (``ms`` can be as small as
+    one likes); the shell is where the hidden states are in practice.
+
+    Attributes
+    ----------
+    kind_ : {"rmsnorm", "layernorm"}
+    gain_ : ndarray of float64, shape (d,)
+        Effective gain (Gemma's ``1 + w`` already applied by the adapter).
+    bias_ : ndarray of float64, shape (d,), or None
+    radius_ : float
+        ``sqrt(d)``: the radius of the shell in the normalised coordinates ``y``.
+    eps_ : float
+
+    Notes
+    -----
+    - ``log_volume`` is the volume of the *enclosing solid* ellipsoid
+      ``{sum_i ((h_i - b_i)/g_i)^2 <= d}``: ``log vol(B_d) + sum_i log(sqrt(d) |g_i|)``. The shell
+      itself has measure zero in ``R^d``.
+    - ``log_area`` is the (d-1)-dimensional surface measure of the ellipsoid
+      ``{sum_i y_i^2 = d}`` (the RMSNorm shell itself; for LayerNorm the shell is the
+      (d-2)-dimensional slice of it by the mean-zero hyperplane, so this is an upper surface).
+    - ``sample`` draws points *on the shell*, not in the volume: ``y = sqrt(d) z / |z|`` with
+      ``z`` Gaussian (projected onto ``sum z = 0`` for LayerNorm), ``h = b + g y``: the output of
+      the norm for isotropic input directions. This is not the uniform surface measure of the
+      ellipsoid (it is the gain map's push-forward of the uniform sphere measure).
+    - ``contains`` tests membership of the shell (``|sqrt(sum y^2 / d) - 1| <= tol``, and
+      ``|sum y| <= tol d`` for LayerNorm); pass ``solid=True`` for the enclosing solid.
+    - Zero gains are refused (``ValueError``): along such an axis every output equals ``b_i``, the
+      shell is degenerate (a lower-dimensional set), and ``y_i`` is undefined.
+    """
+
+    shape = "final_norm"
+
+    def __init__(self, kind, gain, bias=None, eps=0.0):
+        super().__init__()
+        if kind not in ("rmsnorm", "layernorm"):
+            raise ValueError(f"kind: expected 'rmsnorm' or 'layernorm', got {kind!r}")
+        g = check_array(gain, "gain", ndim=1)
+        zero = np.flatnonzero(g == 0)
+        if zero.size:
+            raise ValueError(
+                f"gain: {zero.size} zero entries (first at {int(zero[0])}); the final-norm shell is "
+                "degenerate along those axes (the output is constant there), so it has no "
+                "d-dimensional volume; fit a data support instead"
+            )
+        self.kind_ = kind
+        self.gain_ = g
+        self.bias_ = None if bias is None else check_array(bias, "bias", ndim=1, shape=(g.shape[0],))
+        self.eps_ = check_positive(eps, "eps", allow_zero=True)
+        self.radius_ = math.sqrt(g.shape[0])
+        self.solver_ = "closed_form"
+        self._d = g.shape[0]
+        self._log_area = None
+
+    def _y(self, X):
+        Y = X if self.bias_ is None else X - self.bias_
+        return Y / self.gain_
+
+    def _gauge(self, X):
+        Y = self._y(X)
+        return np.sqrt(np.einsum("ij,ij->i", Y, Y) / self._d)
+
+    def contains(self, X, tol: float = 1e-9, solid: bool = False) -> np.ndarray:
+        """Whether each point lies on the shell (or in the enclosing solid), up to relative ``tol``.
+
+        Parameters
+        ----------
+        X : array_like of float, shape (N, d) or (d,)
+        tol : float, default 1e-9
+            Relative tolerance on the normalised radius ``sqrt(sum y^2 / d)`` (and, for
+            LayerNorm, on ``|sum y| / d``). Hidden states computed in float32 need about 1e-5.
+        solid : bool, default False
+            Test the enclosing solid ``sum y^2 <= d (1 + tol)^2`` instead.
+
+        Returns
+        -------
+        numpy.ndarray of bool, shape (N,)
+
+        Raises
+        ------
+        ValueError, TypeError
+            Wrong dimension, NaN/inf, float16, negative tol.
+        """
+        tol = check_positive(tol, "tol", allow_zero=True)
+        X = self._check_points(X)
+        rho = self._gauge(X)
+        if solid:
+            return rho <= 1.0 + tol
+        ok = np.abs(rho - 1.0) <= tol
+        if self.kind_ == "layernorm":
+            ok &= np.abs(self._y(X).sum(axis=1)) <= tol * self._d
+        return ok
+
+    @property
+    def semi_axes_(self) -> np.ndarray:
+        """``sqrt(d) |g_i|``, shape (d,) (in coordinate order, not sorted)."""
+        return self.radius_ * np.abs(self.gain_)
+
+    @property
+    def log_volume(self) -> float:
+        """Log-volume (nats) of the enclosing solid ellipsoid ``sum ((h-b)/g)^2 <= d``."""
+        return log_unit_ball_volume(self._d) + float(np.sum(np.log(self.semi_axes_)))
+
+    @property
+    def log_area(self) -> float:
+        """Log of the (d-1)-dimensional area (nats) of the ellipsoid ``sum ((h-b)/g)^2 = d``.
+
+        ``area = prod_i s_i |S^{d-1}| E_u[ sqrt(sum_i u_i^2 / s_i^2) ]`` for ``u`` uniform on the
+        sphere (the surface element of ``x -> S x`` is ``det S |S^{-1} u|``); the expectation is a
+        Monte Carlo mean over 4096 fixed-seed directions, whose relative standard error (stored
+        in ``log_area_stderr_``, in nats) is small in high d because the integrand concentrates.
+        """
+        if self._log_area is None:
+            s = self.semi_axes_
+            rng = np.random.default_rng(0)
+            vals = []
+            for _ in range(4):
+                z = rng.standard_normal((1024, self._d))
+                z /= np.linalg.norm(z, axis=1, keepdims=True)
+                vals.append(np.sqrt(np.einsum("ij,ij->i", z / s, z / s)))
+            v = np.concatenate(vals)
+            mean = float(v.mean())
+            self.log_area_stderr_ = float(v.std(ddof=1) / math.sqrt(v.size) / mean)
+            self._log_area = float(np.sum(np.log(s))) + _log_sphere_area(self._d) + math.log(mean)
+        return self._log_area
+
+    def sample(self, n: int, seed=None) -> np.ndarray:
+        """``n`` points on the shell (not in its volume; see the class Notes).
+
+        Parameters
+        ----------
+        n : int
+        seed : None, int or numpy Generator
+
+        Returns
+        -------
+        numpy.ndarray of float64, shape (n, d)
+        """
+        n = check_positive_int(n, "n")
+        rng = check_seed(seed)
+        z = rng.standard_normal((n, self._d))
+        if self.kind_ == "layernorm":
+            z -= z.mean(axis=1, keepdims=True)
+        z *= self.radius_ / np.linalg.norm(z, axis=1, keepdims=True)
+        h = z * self.gain_
+        return h if self.bias_ is None else h + self.bias_
+
+    def enclosing_ellipsoid(self) -> Ellipsoid:
+        """The solid ellipsoid ``{h : sum_i ((h_i - b_i)/g_i)^2 <= d}`` as an :class:`Ellipsoid`."""
+        c = np.zeros(self._d) if self.bias_ is None else self.bias_.copy()
+        ell = Ellipsoid(c, np.diag(1.0 / (self._d * self.gain_**2)))
+        ell.solver_ = "closed_form"
+        return ell
+
+    def _params(self):
+        out = {
+            "kind": self.kind_,
+            "eps": self.eps_,
+            "radius": self.radius_,
+            "log_volume_is": "enclosing solid ellipsoid",
+            "log_area": self.log_area,
+            "log_area_stderr": self.log_area_stderr_,
+            "gain_abs_min": float(np.abs(self.gain_).min()),
+            "gain_abs_max": float(np.abs(self.gain_).max()),
+            "has_bias": self.bias_ is not None,
+        }
+        return out
+
+
+def support_from_final_norm(unembedding) -> FinalNormShell:
+    """The final-norm shell of a model: a support certified by the architecture, no data needed.
+
+    Parameters
+    ----------
+    unembedding : embgeom.adapters.Unembedding or FinalNorm
+        Anything with a ``norm`` attribute (``kind``, ``weight`` (effective gain, (d,)), ``bias``,
+        ``eps``), or such a norm object itself.
+
+    Returns
+    -------
+    FinalNormShell
+        See its docstring for the derivation: RMSNorm outputs satisfy
+        ``sum_i (h_i/g_i)^2 = d ms/(ms + eps) <= d``; LayerNorm outputs also
+        ``sum_i (h_i - b_i)/g_i = 0``.
+
+    Raises
+    ------
+    ValueError
+        No final norm (``kind`` None), an unknown kind, zero gains, NaN gains.
+    TypeError
+        Not an unembedding/norm object.
+    """
+    norm = getattr(unembedding, "norm", unembedding)
+    if not hasattr(norm, "kind") or not hasattr(norm, "weight"):
+        raise TypeError(
+            "unembedding: expected an embgeom.adapters.Unembedding (or its FinalNorm), got "
+            f"{type(unembedding).__name__}"
+        )
+    if norm.kind is None:
+        raise ValueError("unembedding: the model has no final norm, so there is no final-norm shell")
+    return FinalNormShell(norm.kind, norm.weight, getattr(norm, "bias", None), float(getattr(norm, "eps", 0.0)))
+
+
+# --------------------------------------------------------------------------------------------
+# front door and report section
+# --------------------------------------------------------------------------------------------
+_SHAPES = {"ball": Ball, "ellipsoid": Ellipsoid, "cone": Cone, "box": Box}
 
 
 def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -> Support:
@@ -799,26 +1828,39 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -
     shape : {"ball", "ellipsoid", "cone", "box"}
         The shape to fit. The final-norm shell is not a fit: see :func:`support_from_final_norm`.
     center : {"free", "origin"}, default "free"
-        For the ball: free centre (minimum enclosing ball) or origin-centred (max norm). Cones
-        are always origin-centred; ellipsoid and box ignore ``"free"`` and refuse ``"origin"``.
+        Ball: free centre (minimum enclosing ball) or origin-centred (``r = max |h_i|``). Cones
+        always have their apex at the origin (either value accepted). Ellipsoid and box have a
+        free centre: ``"origin"`` raises ``ValueError``.
     quantile : float in (0, 1], default 1.0
-        Fraction of points kept; the most outlying are trimmed first (per shape, see each class).
+        Fraction of points kept; the most outlying are trimmed first (per shape: distance to
+        the coordinatewise median for the ball, Mahalanobis distance for the ellipsoid, angle to
+        the mean direction for the cone, MAD-scaled L-infinity distance to the median for the
+        box). ``n_dropped_`` and ``n_fit_`` record it.
     solver : {"auto", "fast", "cvxpy"}, default "auto"
         See each class.
     **kw
-        Further options of the class (``tol``, ``rotation``, ``ridge``, ``min_width``, ...).
+        Further options of the class (``tol``, ``rotation``, ``ridge``, ``min_width``,
+        ``max_iter``, ``progress``, ...).
 
     Returns
     -------
     Support
-        The fitted support.
+        The fitted :class:`Ball`, :class:`Ellipsoid`, :class:`Cone` or :class:`Box`.
 
     Raises
     ------
     ValueError
-        Unknown shape, bad options, or bad ``H`` (NaN/inf, N < 2, ...).
+        Unknown shape or option, or bad ``H`` (NaN/inf, N < 2, ...).
     TypeError
         ``H`` not real floats (float16 refused).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> H = np.random.default_rng(0).standard_normal((300, 4))
+    >>> S = fit_support(H, "ellipsoid")
+    >>> bool(S.contains(H).all())
+    True
     """
     if not isinstance(shape, str) or shape not in _SHAPES:
         if shape == "final_norm":
@@ -828,6 +1870,111 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -
     _check_choice(solver, "solver", _SOLVERS)
     if shape == "ball":
         est = Ball(centering=center, quantile=quantile, solver=solver, **kw)
-    elif shape == "box":
-        est = Box(quantile=quantile, **kw)
+    elif shape == "cone":
+        est = Cone(quantile=quantile, solver=solver, **kw)
+    else:
+        if center == "origin":
+            raise ValueError(f"center='origin' is only for the ball (and the cone, always at the origin), not {shape!r}")
+        if shape == "ellipsoid":
+            est = Ellipsoid(quantile=quantile, solver=solver, **kw)
+        else:
+            est = Box(quantile=quantile, **kw)
     return est.fit(H)
+
+
+_REPORT_FITS = {
+    "ball": ("ball", {"center": "free"}),
+    "ball_origin": ("ball", {"center": "origin"}),
+    "ellipsoid": ("ellipsoid", {}),
+    "cone": ("cone", {}),
+    "box": ("box", {}),
+    "box_pca": ("box", {"rotation": "pca"}),
+}
+
+
+def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoid", "cone", "box", "box_pca"),
+                            unembedding=None, *, quantile=1.0, solver="auto") -> dict:
+    """The report's supports section: every shape's parameters and log-volume, and a figure.
+
+    Parameters
+    ----------
+    H : array_like of float32/float64, shape (N, d)
+        Hidden states.
+    out_dir : str or path-like
+        Folder for the figure ``supports_log_volume.png`` (created if missing).
+    shapes : sequence of str
+        Among ``"ball"``, ``"ball_origin"``, ``"ellipsoid"``, ``"cone"``, ``"box"``,
+        ``"box_pca"``.
+    unembedding : embgeom.adapters.Unembedding, optional
+        Adds ``"final_norm"`` (the data-free shell; its log-volume is the enclosing solid's).
+    quantile, solver
+        Passed to :func:`fit_support`.
+
+    Returns
+    -------
+    dict
+        ``{<name>: support.to_dict() (with "log_volume", "log_volume_per_dim", "fit_seconds",
+        and for final_norm "contains_fraction": the fraction of H on the shell at tol 1e-4), ...,
+        "figures": {"log_volume": path}}``. JSON-able.
+
+    Raises
+    ------
+    ValueError
+        Unknown shape name, bad ``H``.
+    """
+    from pathlib import Path
+
+    unknown = [s for s in shapes if s not in _REPORT_FITS]
+    if unknown:
+        raise ValueError(f"shapes: unknown {unknown}; expected names among {tuple(_REPORT_FITS)}")
+    H = _check_hidden(H)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    section: dict = {}
+    for name in shapes:
+        shape, kw = _REPORT_FITS[name]
+        kw = dict(kw)
+        center = kw.pop("center", "free")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            S = fit_support(H, shape, center=center, quantile=quantile, solver=solver, **kw)
+        entry = S.to_dict()
+        entry["log_volume_per_dim"] = entry["log_volume"] / S.dim
+        if caught:
+            entry["warnings"] = [str(w.message) for w in caught]
+        for big in ("center", "axis", "lower", "upper", "rotation_matrix", "semi_axes"):
+            if big in entry and isinstance(entry[big], list) and len(entry[big]) > 16:
+                arr = np.asarray(entry.pop(big), dtype=np.float64)
+                entry[f"{big}_summary"] = {"min": float(arr.min()), "max": float(arr.max()),
+                                           "mean": float(arr.mean())}
+        section[name] = entry
+    if unembedding is not None:
+        shell = support_from_final_norm(unembedding)
+        entry = shell.to_dict()
+        entry["log_volume_per_dim"] = entry["log_volume"] / shell.dim
+        if shell.dim == H.shape[1]:
+            entry["contains_fraction"] = float(shell.contains(H, tol=1e-4).mean())
+        section["final_norm"] = entry
+    section["figures"] = {"log_volume": str(_plot_log_volumes(section, out_dir / "supports_log_volume.png"))}
+    return section
+
+
+def _plot_log_volumes(section: dict, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [k for k in section if k != "figures"]
+    vals = [section[k]["log_volume"] for k in names]
+    fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(names) + 1.2))
+    ax.barh(names, vals, color="tab:blue")
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:.1f}", va="center", fontsize=8)
+    ax.set_xlabel("log-volume (nats)")
+    ax.set_title("Support log-volumes (smaller = tighter bound)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

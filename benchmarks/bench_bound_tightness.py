@@ -125,7 +125,8 @@ def run_model(name, args, cram_files):
             from embgeom import cells, volumes
 
             dec = cells.Decoder.from_unembedding(u)
-            cv = volumes.cell_volumes(dec, cell_support, args.cell_samples, seed=args.seed)
+            cv = volumes.cell_volumes(dec, cell_support, args.cell_samples, seed=args.seed,
+                                       progress=False)
             rate = bounds.cell_volume_rate(cv.fractions, args.k_max, lower=cv.lower,
                                            upper=cv.upper, n_samples=int(cv.n_samples))
             print(f"cell volumes: {cv.n_samples:,} samples in the origin ball "

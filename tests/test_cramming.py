@@ -425,3 +425,32 @@ def test_fit_slope_against_numpy():
         fit_slope({1: 3.0, 2: float("nan")})
     with pytest.raises(TypeError):
         fit_slope([3.0, 6.0])
+
+
+# ------------------------------------------------------------------ the real model (small)
+
+
+@pytest.mark.realmodel
+def test_smollm2_cram_runs_and_learns(smollm2):
+    """A few Adam steps on SmolLM2 (tied embedding, SDPA, KV-cache generation): the memory
+    vectors start at the embedding scale, the loss falls, the verdicts are consistent."""
+    hf = smollm2.model
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)  # a real model's step is compute-bound
+    try:
+        T = sample_targets(smollm2, 4, 2, seed=0)
+        start = cram(smollm2, T, 1, steps=0, seed=0, check_generation=False)
+        r = cram(smollm2, T, 1, steps=8, lr=1e-2, seed=0)
+    finally:
+        torch.set_num_threads(old)
+    with torch.no_grad():
+        rows = hf.get_input_embeddings()(torch.arange(0, 49152, 97)).norm(dim=-1)
+    ratio = np.linalg.norm(start.memory, axis=-1) / float(rows.mean())
+    assert ((ratio > 0.5) & (ratio < 2)).all(), ratio  # initialised at the input-embedding scale
+    assert r.dtype == "float32" and r.memory.shape == (2, 1, 576)
+    assert (r.loss < start.loss).all(), (start.loss, r.loss)
+    np.testing.assert_allclose(teacher_forced_accuracy(smollm2, r.memory, T), r.accuracy)
+    gen = greedy_generate(smollm2, r.memory, 4)
+    np.testing.assert_array_equal(r.success_generation, (gen == T).all(1))
+    assert (r.success_generation | ~r.success_teacher_forced).all()  # TF success => generation
+    assert all(p.grad is None for p in hf.parameters())

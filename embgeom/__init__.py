@@ -10,3 +10,77 @@ Transformer Generate?", ICML 2026 (arXiv 2605.22223).
 """
 
 __version__ = "0.1.0"
+
+import importlib as _importlib
+
+from . import bounds, cells, supports, volumes
+from .bounds import (
+    accessible_fraction_bound,
+    accessible_log_count,
+    cell_volume_rate,
+    linear_law_slope,
+    log_packing_number,
+    n_star,
+    precision_eps,
+    slope_bound,
+    theorem45_log_count,
+    threshold_length_unbounded,
+)
+from .cells import Decoder
+from .supports import (
+    Ball,
+    Box,
+    Cone,
+    Ellipsoid,
+    FinalNormShell,
+    Support,
+    fit_support,
+    support_from_final_norm,
+)
+from .volumes import CellVolumes, cell_volumes
+
+# The torch-using modules are imported on first use, so that ``import embgeom`` (the geometry)
+# stays light and works without touching torch.
+_LAZY = ("adapters", "cramming", "copying", "report", "cli")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        module = _importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'embgeom' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = [
+    "Ball",
+    "Box",
+    "CellVolumes",
+    "Cone",
+    "Decoder",
+    "Ellipsoid",
+    "FinalNormShell",
+    "Support",
+    "accessible_fraction_bound",
+    "accessible_log_count",
+    "bounds",
+    "cell_volume_rate",
+    "cell_volumes",
+    "cells",
+    "fit_support",
+    "linear_law_slope",
+    "log_packing_number",
+    "n_star",
+    "precision_eps",
+    "slope_bound",
+    "support_from_final_norm",
+    "supports",
+    "theorem45_log_count",
+    "threshold_length_unbounded",
+    "volumes",
+    *_LAZY,
+]

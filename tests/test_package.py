@@ -1,0 +1,39 @@
+"""Package-level facts: the public API is re-exported, and the geometry never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import embgeom
+
+
+def test_geometry_does_not_import_torch():
+    code = (
+        "import sys, embgeom\n"
+        "import embgeom.cells, embgeom.volumes, embgeom.supports, embgeom.bounds\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_public_api_reexported():
+    for name in embgeom.__all__:
+        assert getattr(embgeom, name) is not None, name
+    assert embgeom.fit_support is embgeom.supports.fit_support
+    assert embgeom.adapters.load_model.__module__ == "embgeom.adapters"
+
+
+def test_every_public_callable_has_a_docstring():
+    import inspect
+
+    missing = []
+    for modname in ("cells", "volumes", "supports", "bounds", "adapters", "cramming", "copying",
+                    "report"):
+        mod = getattr(embgeom, modname)
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name)
+            if callable(obj) and not (inspect.getdoc(obj) or "").strip():
+                missing.append(f"{modname}.{name}")
+    assert not missing, missing

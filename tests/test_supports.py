@@ -1,0 +1,453 @@
+"""Tests of embgeom.supports: analytic cases, fast-vs-cvxpy cross-checks, containment, uniform
+sampling, the real SmolLM2 final-norm shell, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from embgeom.supports import (
+    Ball,
+    Box,
+    Cone,
+    Ellipsoid,
+    FinalNormShell,
+    fit_support,
+    log_cap_fraction,
+    log_unit_ball_volume,
+    support_from_final_norm,
+    supports_report_section,
+)
+
+
+def _rotation(d, rng):
+    Q, R = np.linalg.qr(rng.standard_normal((d, d)))
+    return Q * np.sign(np.diag(R))
+
+
+def _sphere(n, d, rng):
+    z = rng.standard_normal((n, d))
+    return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+
+# ---------------------------------------------------------------- analytic recoveries
+@pytest.mark.parametrize("d,n", [(5, 400), (50, 1500)])
+def test_ellipsoid_recovers_known_semi_axes(d, n):
+    rng = np.random.default_rng(d)
+    R = _rotation(d, rng)
+    s = np.geomspace(3.0, 0.5, d)
+    c = rng.normal(size=d)
+    # points on the surface, plus the 2d axis tips so the ellipsoid is pinned down
+    Z = np.vstack([_sphere(n, d, rng), np.eye(d), -np.eye(d)])
+    H = c + (Z * s) @ R
+    ell = Ellipsoid(tol=1e-3 if d > 10 else 1e-7).fit(H)
+    np.testing.assert_allclose(ell.semi_axes_, s, rtol=1e-2)
+    np.testing.assert_allclose(ell.center_, c, atol=1e-2 * s.min())
+    assert ell.contains(H, tol=1e-9).all()
+    # the log-volume equals the known ellipsoid's up to the certified solver gap
+    want = log_unit_ball_volume(d) + np.log(s).sum()
+    assert abs(ell.log_volume - want) <= max(ell.gap_nats_, 0.0) + 1e-6 * d
+    # principal axes match the rotation's rows up to sign
+    cos = np.abs(np.sum(ell.axes_ * R, axis=1))
+    assert cos.min() > 0.99
+
+
+@pytest.mark.parametrize("solver", ["fast", "cvxpy"])
+def test_cone_recovers_known_half_angle(solver):
+    rng = np.random.default_rng(3)
+    d, alpha = 10, 0.4
+    axis = _sphere(1, d, rng)[0]
+    P = _rotation(d, rng)
+    perp = P - np.outer(P @ axis, axis)  # directions orthogonal to the axis
+    perp = perp[np.linalg.norm(perp, axis=1) > 1e-3]
+    perp /= np.linalg.norm(perp, axis=1, keepdims=True)
+    boundary = np.cos(alpha) * axis + np.sin(alpha) * np.vstack([perp, -perp])
+    th = rng.uniform(0, alpha, size=300)
+    w = _sphere(300, d, rng)
+    w -= np.outer(w @ axis, axis)
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    inner = np.cos(th)[:, None] * axis + np.sin(th)[:, None] * w
+    H = np.vstack([boundary, inner]) * rng.uniform(0.5, 2.0, size=(len(boundary) + 300, 1))
+    cone = Cone(solver=solver).fit(H)
+    assert abs(cone.half_angle_ - alpha) < 1e-3
+    assert cone.axis_ @ axis > math.cos(1e-3)
+    assert cone.optimal_
+    assert cone.contains(H, tol=1e-9).all()
+    assert cone.radius_ == pytest.approx(np.linalg.norm(H, axis=1).max())
+    # the paper's estimate (half the largest pairwise angle) is a lower bound, here tight
+    assert cone.paper_half_angle_ <= cone.half_angle_ + 1e-9
+    assert cone.paper_half_angle_ == pytest.approx(alpha, abs=1e-6)
+
+
+def test_ball_log_volume_closed_form_d576():
+    d, r = 576, 37.5
+    rng = np.random.default_rng(0)
+    # the 2d points +-r e_k pin the minimum enclosing ball to the centred sphere of radius r
+    H = np.vstack([r * np.eye(d), -r * np.eye(d), r * _sphere(200, d, rng)]) + 5.0
+    ball = Ball().fit(H)
+    assert ball.radius_ == pytest.approx(r, rel=1e-9)
+    np.testing.assert_allclose(ball.center_, 5.0, atol=1e-6 * r)
+    by_hand = d / 2 * math.log(math.pi) - math.lgamma(d / 2 + 1) + d * math.log(r)
+    assert ball.log_volume == pytest.approx(by_hand, rel=1e-10, abs=1e-8)
+    assert Ball(np.zeros(d), r).log_volume == pytest.approx(by_hand, rel=1e-13)
+    assert math.isfinite(Ball(None, 1e-3, dim=4096).log_volume)
+    # L-infinity radius: the coordinate extremes are +-r
+    assert ball.rinf_ == pytest.approx(r, rel=1e-9)
+
+
+def test_box_of_cube_vs_ball():
+    d = 8
+    verts = np.array(np.meshgrid(*[[-1.0, 1.0]] * d)).reshape(d, -1).T
+    rng = np.random.default_rng(1)
+    H = np.vstack([verts, rng.uniform(-1, 1, size=(500, d))])
+    box = Box().fit(H)
+    assert box.log_volume == pytest.approx(d * math.log(2.0), rel=1e-12)
+    ball = Ball().fit(H)
+    assert ball.radius_ == pytest.approx(math.sqrt(d), rel=1e-8)
+    # the cube is inside its circumscribed ball: smaller volume, by the closed-form amount
+    want = log_unit_ball_volume(d) + d * 0.5 * math.log(d)
+    assert ball.log_volume == pytest.approx(want, rel=1e-8)
+    assert box.log_volume < ball.log_volume
+    # the PCA box of a cube's vertex set still holds every point
+    pbox = Box(rotation="pca").fit(H)
+    assert pbox.contains(H, tol=1e-9).all()
+    np.testing.assert_allclose(pbox.rotation_ @ pbox.rotation_.T, np.eye(d), atol=1e-10)
+
+
+# ---------------------------------------------------------------- fast vs cvxpy
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ball_fast_matches_cvxpy(seed):
+    rng = np.random.default_rng(seed)
+    d = 3 + 4 * seed
+    H = rng.standard_normal((150, d)) * rng.uniform(0.5, 3, d) + rng.normal(size=d)
+    fast = Ball(solver="fast").fit(H)
+    ref = Ball(solver="cvxpy").fit(H)
+    assert fast.radius_ == pytest.approx(ref.radius_, rel=1e-6)
+    assert abs(fast.log_volume - ref.log_volume) <= 1e-5 * d
+    assert fast.gap_ <= 1e-10
+    # the certified dual bound: the fast radius cannot beat the cvxpy optimum by more than tol
+    assert fast.radius_ <= ref.radius_ * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("n,d", [(60, 3), (120, 6), (200, 10)])
+def test_ellipsoid_fast_matches_cvxpy(n, d):
+    rng = np.random.default_rng(n + d)
+    H = rng.standard_normal((n, d)) @ rng.standard_normal((d, d)) + 1.0
+    fast = Ellipsoid(solver="fast", tol=1e-9).fit(H)
+    ref = Ellipsoid(solver="cvxpy").fit(H)
+    assert abs(fast.log_volume - ref.log_volume) <= 1e-3 * abs(ref.log_volume) + 1e-6
+    assert abs(fast.log_volume - ref.log_volume) <= 1e-4
+    assert fast.contains(H, tol=1e-9).all() and ref.contains(H, tol=1e-9).all()
+
+
+def test_cone_fast_matches_cvxpy_on_random_data():
+    rng = np.random.default_rng(7)
+    H = rng.standard_normal((200, 8)) + 2.5
+    fast = Cone(solver="fast").fit(H)
+    ref = Cone(solver="cvxpy").fit(H)
+    assert fast.half_angle_ == pytest.approx(ref.half_angle_, abs=1e-6)
+    assert fast.half_angle_ >= fast.paper_half_angle_
+
+
+# ---------------------------------------------------------------- containment, robust fits
+@pytest.mark.filterwarnings("ignore:Cone. the directions are not contained")
+@pytest.mark.parametrize("shape,kw", [
+    ("ball", {}), ("ball", {"center": "origin"}), ("ellipsoid", {}), ("cone", {}), ("box", {}),
+    ("box", {"rotation": "pca"}),
+])
+def test_fit_never_leaves_a_point_outside(shape, kw):
+    rng = np.random.default_rng(11)
+    for trial in range(3):
+        d = 4 + 3 * trial
+        H = rng.standard_t(df=3, size=(300, d)) * rng.uniform(0.1, 10, d) + 4.0
+        S = fit_support(H, shape, **kw)
+        assert S.contains(H, tol=1e-9).all(), (shape, trial, S.gauge(H).max())
+        assert np.isfinite(S.log_volume)
+        # float32 input gives the same kind of result
+        S32 = fit_support(H.astype(np.float32), shape, **kw)
+        assert S32.contains(H.astype(np.float32), tol=1e-6).all()
+
+
+@pytest.mark.filterwarnings("ignore:Cone. the directions are not contained")
+@pytest.mark.parametrize("shape", ["ball", "ellipsoid", "cone", "box"])
+def test_quantile_trims_planted_outliers(shape):
+    rng = np.random.default_rng(5)
+    d = 4
+    H = rng.standard_normal((400, d)) * 0.3 + np.array([3.0, 0, 0, 0])
+    out = np.array([3.0, 0, 0, 0]) + 20 * _sphere(4, d, rng)
+    X = np.vstack([H, out])
+    full = fit_support(X, shape)
+    robust = fit_support(X, shape, quantile=0.99)
+    keep = math.ceil(0.99 * len(X))
+    assert robust.n_fit_ == keep and robust.n_dropped_ == len(X) - keep
+    assert full.n_dropped_ == 0 and full.n_fit_ == len(X)
+    assert not robust.contains(out, tol=1e-9).any()
+    assert robust.log_volume < full.log_volume
+
+
+def test_ellipsoid_rank_deficient_needs_ridge():
+    rng = np.random.default_rng(2)
+    basis = _rotation(6, rng)[:3]
+    H = rng.standard_normal((100, 3)) @ basis + 1.0  # a 3-dim affine subspace of R^6
+    with pytest.raises(ValueError, match="ridge"):
+        Ellipsoid().fit(H)
+    with pytest.raises(ValueError, match="ridge"):
+        Ellipsoid().fit(rng.standard_normal((5, 6)))  # N <= d
+    ell = Ellipsoid(ridge=0.1).fit(H)
+    assert ell.affine_rank_ == 3 and ell.ridge_ == 0.1
+    assert ell.contains(H, tol=1e-9).all()
+    np.testing.assert_allclose(np.sort(ell.semi_axes_)[:3], 0.1, rtol=1e-9)
+    # in-subspace part equals the MVEE fitted in the subspace coordinates
+    sub = Ellipsoid().fit((H - 1.0) @ basis.T)
+    np.testing.assert_allclose(np.sort(ell.semi_axes_)[3:], np.sort(sub.semi_axes_), rtol=1e-6)
+
+
+# ---------------------------------------------------------------- uniform sampling
+def _share_check(S, lo, hi, n, seed, rotation=None):
+    X = S.sample(n, seed=seed)
+    assert X.shape == (n, S.dim) and X.dtype == np.float64
+    assert S.contains(X, tol=1e-9).all()
+    Y = X if rotation is None else X @ rotation.T
+    corners = np.array(np.meshgrid(*zip(lo, hi))).reshape(len(lo), -1).T
+    assert S.contains(corners if rotation is None else corners @ rotation).all()  # sub-box inside
+    frac = np.all((Y >= lo) & (Y <= hi), axis=1).mean()
+    p = math.exp(np.sum(np.log(np.asarray(hi) - np.asarray(lo))) - S.log_volume)
+    assert 0 < p < 1
+    assert abs(frac - p) <= 4.5 * math.sqrt(p * (1 - p) / n) + 1e-12, (frac, p)
+
+
+def test_sample_uniform_ball_ellipsoid_box_cone():
+    n = 200_000
+    _share_check(Ball(np.array([1.0, -2.0, 0.5]), 2.0), [1.0, -2.0, 0.5], [2.0, -1.0, 1.5], n, 0)
+    ell = Ellipsoid(np.zeros(3), np.diag([1 / 4.0, 1.0, 1 / 9.0]))
+    _share_check(ell, [0.0, 0.0, 0.0], [1.0, 0.5, 1.0], n, 1)
+    R = _rotation(3, np.random.default_rng(0))
+    box = Box([0.0, 0.0, 0.0], [1.0, 2.0, 3.0], rotation=R)
+    _share_check(box, [0.2, 0.5, 1.0], [0.7, 1.5, 2.0], n, 2, rotation=R)
+    cone = Cone(np.array([0.0, 0.0, 1.0]), 0.6, 1.0)
+    _share_check(cone, [-0.1, -0.1, 0.5], [0.1, 0.1, 0.7], n, 3)
+    wide = Cone(np.array([0.0, 0.0, 1.0]), 2.2, 1.0)  # half-angle above pi/2
+    _share_check(wide, [-0.2, -0.2, -0.1], [0.2, 0.2, 0.3], n, 4)
+    # a 3-d cone's volume by hand: r^3 (2 pi / 3) (1 - cos alpha)
+    assert cone.log_volume == pytest.approx(math.log(2 * math.pi / 3 * (1 - math.cos(0.6))), rel=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.1])  # 0.1: the cap's mass underflows betainc's range
+def test_narrow_cone_sampling_high_dim_matches_exact_angle_law(alpha):
+    d = 576
+    cone = Cone(np.eye(d)[0], alpha, 1.0)
+    X = cone.sample(4000, seed=0)
+    assert cone.contains(X, tol=1e-9).all()
+    th = np.arctan2(np.linalg.norm(X[:, 1:], axis=1), X[:, 0])
+    logF = log_cap_fraction(alpha, d)
+    grid = np.linspace(1e-6, alpha, 2)
+
+    def cdf(t):
+        t = np.clip(np.asarray(t, dtype=float), 1e-12, alpha)
+        return np.exp(log_cap_fraction(t, d) - logF)
+
+    assert cdf(grid[-1])[()] == pytest.approx(1.0)
+    assert stats.kstest(th, cdf).pvalue > 1e-3
+    # radii follow r U^{1/d}: P(|x| <= t) = t^d
+    rad = np.linalg.norm(X, axis=1)
+    assert stats.kstest(rad, lambda t: np.clip(t, 0, 1) ** d).pvalue > 1e-3
+
+
+# ---------------------------------------------------------------- cap fraction
+def test_log_cap_fraction_closed_forms_and_range():
+    a = np.linspace(0.01, math.pi - 0.01, 17)
+    np.testing.assert_allclose(np.exp(log_cap_fraction(a, 3)), (1 - np.cos(a)) / 2, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(log_cap_fraction(a, 2)), a / math.pi, rtol=1e-12)
+    v = log_cap_fraction(0.3, 576)
+    assert math.isfinite(v) and v < -600  # betainc itself underflows near here
+    # complement rule and the hemisphere
+    for d in (5, 64, 576):
+        assert log_cap_fraction(math.pi / 2, d) == pytest.approx(math.log(0.5), abs=1e-14)
+        f1, f2 = np.exp(log_cap_fraction([0.7, math.pi - 0.7], d))
+        assert f1 + f2 == pytest.approx(1.0, rel=1e-12)
+    # the log-space series agrees with betainc where both are representable
+    from embgeom.supports import _log_betainc_small
+
+    x = np.array([0.05, 0.2, 0.5])
+    np.testing.assert_allclose(_log_betainc_small(40.0, 0.5, x), np.log(special.betainc(40.0, 0.5, x)), rtol=1e-11)
+    # monotone across the switch from betainc to the series
+    grid = np.linspace(0.2, 0.5, 301)
+    assert np.all(np.diff(log_cap_fraction(grid, 576)) > 0)
+
+
+# ---------------------------------------------------------------- final-norm shell
+def _norm(kind, d, rng, eps=1e-6):
+    g = rng.uniform(0.2, 3.0, d) * rng.choice([-1, 1], d)
+    b = rng.normal(size=d) if kind == "layernorm" else None
+    return types.SimpleNamespace(kind=kind, weight=g.astype(np.float32), bias=None if b is None else b.astype(np.float32), eps=eps)
+
+
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+def test_final_norm_shell_synthetic(kind):
+    rng = np.random.default_rng(0)
+    d = 64
+    norm = _norm(kind, d, rng)
+    shell = support_from_final_norm(types.SimpleNamespace(norm=norm))
+    x = rng.standard_normal((500, d)) * 4.0 + 1.0
+    if kind == "layernorm":
+        xc = x - x.mean(axis=1, keepdims=True)
+        h = xc / np.sqrt((xc**2).mean(axis=1, keepdims=True) + norm.eps) * norm.weight + norm.bias
+    else:
+        h = x / np.sqrt((x**2).mean(axis=1, keepdims=True) + norm.eps) * norm.weight
+    assert shell.contains(h, tol=1e-6).all()
+    assert not shell.contains(1.01 * h + (0 if norm.bias is None else -0.01 * norm.bias), tol=1e-6).any()
+    assert not shell.contains(10.0 * rng.standard_normal((50, d)), tol=1e-3).any()
+    # tiny pre-norm activations (ms comparable to eps) fall strictly inside: the solid bound
+    tiny = x * 1e-4
+    ht = tiny / np.sqrt((tiny**2).mean(axis=1, keepdims=True) + 1e-6) * norm.weight
+    if kind == "rmsnorm":
+        assert shell.contains(ht, solid=True).all() and not shell.contains(ht, tol=1e-6).any()
+    S = shell.sample(300, seed=1)
+    assert shell.contains(S, tol=1e-10).all()
+    ell = shell.enclosing_ellipsoid()
+    assert ell.log_volume == pytest.approx(shell.log_volume, rel=1e-12)
+    np.testing.assert_allclose(np.sort(ell.semi_axes_), np.sort(math.sqrt(d) * np.abs(norm.weight)), rtol=1e-6)
+    assert ell.contains(h, tol=1e-6).all()
+    json.dumps(shell.to_dict())
+
+
+def test_final_norm_log_area_exact_cases():
+    d = 40
+    shell = FinalNormShell("rmsnorm", np.full(d, 0.5))
+    r = math.sqrt(d) * 0.5
+    want = math.log(2) + d / 2 * math.log(math.pi) - math.lgamma(d / 2) + (d - 1) * math.log(r)
+    assert shell.log_area == pytest.approx(want, rel=1e-12)
+    ellipse = FinalNormShell("rmsnorm", np.array([2.0, 1.0]) / math.sqrt(2))  # semi-axes 2 and 1
+    perimeter = 4 * 2.0 * special.ellipe(1 - 1 / 4.0)
+    assert ellipse.log_area == pytest.approx(math.log(perimeter), abs=0.01)
+
+
+def test_final_norm_bad_input():
+    with pytest.raises(ValueError, match="zero"):
+        FinalNormShell("rmsnorm", np.array([1.0, 0.0, 2.0]))
+    with pytest.raises(ValueError, match="no final norm"):
+        support_from_final_norm(types.SimpleNamespace(norm=types.SimpleNamespace(kind=None, weight=None, bias=None, eps=0.0)))
+    with pytest.raises(TypeError):
+        support_from_final_norm(np.ones(3))
+    with pytest.raises(ValueError, match="kind"):
+        FinalNormShell("batchnorm", np.ones(3))
+
+
+def test_real_smollm2_hidden_states_lie_on_final_norm_shell(smollm2_hidden, smollm2_unembedding):
+    H, _ = smollm2_hidden
+    shell = support_from_final_norm(smollm2_unembedding)
+    assert shell.kind_ == "rmsnorm" and shell.dim == H.shape[1] == 576
+    rho = shell.gauge(H)
+    assert np.abs(rho - 1).max() < 1e-4  # float32 accumulation and eps/ms
+    assert shell.contains(H, tol=1e-4).all()
+    assert not shell.contains(1.001 * H, tol=1e-4).any()
+    # the data supports hold the states and are far tighter than the certified solid
+    for shape in ("ball", "cone", "box"):
+        S = fit_support(H, shape)
+        assert S.contains(H, tol=1e-6).all()
+    assert Ball(centering="origin").fit(H).radius_ <= shell.semi_axes_.max() * (1 + 1e-5)
+    ell = Ellipsoid(ridge=1e-3).fit(H)  # N = 48 <= d: the ridge makes it explicit
+    assert ell.contains(H, tol=1e-6).all() and ell.affine_rank_ <= H.shape[0] - 1
+
+
+# ---------------------------------------------------------------- bad input, API
+def test_bad_input_errors():
+    rng = np.random.default_rng(0)
+    H = rng.standard_normal((50, 4))
+    bad = H.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        fit_support(bad, "ball")
+    bad[3, 1] = np.inf
+    with pytest.raises(ValueError, match="infinite"):
+        fit_support(bad, "ellipsoid")
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_support(H[:1], "box")
+    with pytest.raises(TypeError, match="float16"):
+        fit_support(H.astype(np.float16), "ball")
+    with pytest.raises(TypeError):
+        fit_support(H.astype(int), "ball")
+    with pytest.raises(ValueError, match="shape"):
+        fit_support(H, "sphere")
+    with pytest.raises(ValueError, match="support_from_final_norm"):
+        fit_support(H, "final_norm")
+    with pytest.raises(ValueError, match="solver"):
+        fit_support(H, "ball", solver="gurobi")
+    with pytest.raises(ValueError, match="center"):
+        fit_support(H, "ball", center="median")
+    with pytest.raises(ValueError, match="origin"):
+        fit_support(H, "ellipsoid", center="origin")
+    with pytest.raises(ValueError, match="quantile"):
+        fit_support(H, "ball", quantile=1.5)
+    with pytest.raises(ValueError, match="quantile"):
+        fit_support(H, "ball", quantile=0.0)
+    Z = H.copy()
+    Z[7] = 0.0
+    with pytest.raises(ValueError, match="zero vector"):
+        fit_support(Z, "cone")
+    S = fit_support(H, "ball")
+    with pytest.raises(ValueError, match="dimension"):
+        S.contains(rng.standard_normal((3, 5)))
+    with pytest.raises(TypeError, match="float16"):
+        S.contains(H.astype(np.float16))
+    with pytest.raises(RuntimeError, match="not fitted"):
+        Ball().contains(H)
+    with pytest.raises(ValueError, match="zero width"):
+        Box().fit(np.column_stack([H[:, 0], np.ones(50)]))
+    widened = Box(min_width=1e-3).fit(np.column_stack([H[:, 0], np.ones(50)]))
+    assert widened.widened_ == [1] and widened.extents_[1] == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="upper"):
+        Box([0.0, 1.0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="positive definite"):
+        Ellipsoid(np.zeros(2), np.diag([1.0, -1.0]))
+    with pytest.raises(ValueError, match="half_angle"):
+        Cone(np.ones(3), 4.0, 1.0)
+    with pytest.raises(ValueError):
+        Ball(np.zeros(3), -1.0)
+    with pytest.raises(ValueError, match="dim"):
+        Ball(None, 1.0)
+    with pytest.raises(ValueError):
+        log_cap_fraction(-0.1, 5)
+
+
+def test_cone_beyond_half_space_warns_and_contains():
+    rng = np.random.default_rng(4)
+    H = rng.standard_normal((200, 3))  # directions all around: origin inside their hull
+    with pytest.warns(RuntimeWarning, match="hemisphere"):
+        cone = Cone().fit(H)
+    assert not cone.optimal_ and cone.half_angle_ > math.pi / 2
+    assert cone.contains(H, tol=1e-9).all()
+    assert cone.log_volume <= Ball(None, cone.radius_, dim=3).log_volume + 1e-12
+
+
+def test_to_dict_json_and_estimator_conventions():
+    rng = np.random.default_rng(9)
+    H = rng.standard_normal((80, 3)) + 2
+    for shape in ("ball", "ellipsoid", "cone", "box"):
+        S = fit_support(H, shape)
+        d = S.to_dict()
+        json.dumps(d)
+        assert d["shape"] == shape and d["dim"] == 3 and d["log_volume"] == S.log_volume
+        assert d["n_samples"] == 80 and d["n_dropped"] == 0
+    est = Ball(centering="origin")
+    assert est.fit(H) is est and est.origin_centred
+    assert est.radius_ == pytest.approx(np.linalg.norm(H, axis=1).max())
+
+
+def test_supports_report_section(tmp_path):
+    rng = np.random.default_rng(1)
+    H = rng.standard_normal((150, 5)) + 1
+    norm = types.SimpleNamespace(kind="rmsnorm", weight=np.full(5, 2.0, dtype=np.float32), bias=None, eps=1e-6)
+    sec = supports_report_section(H, tmp_path, unembedding=types.SimpleNamespace(norm=norm))
+    json.dumps(sec)
+    for name in ("ball", "ball_origin", "ellipsoid", "cone", "box", "box_pca", "final_norm"):
+        assert math.isfinite(sec[name]["log_volume"])
+    assert sec["ellipsoid"]["log_volume"] < sec["ball"]["log_volume"] <= sec["ball_origin"]["log_volume"]
+    assert (tmp_path / "supports_log_volume.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="unknown"):
+        supports_report_section(H, tmp_path, shapes=("sphere",))

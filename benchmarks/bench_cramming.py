@@ -12,6 +12,14 @@ ratio is what to read, both sides measured back to back):
    time. The step budget is capped (``--steps``); results go to a JSONL file so an interrupted
    run resumes where it stopped.
 
+Measured here (2 cores shared by ~5 busy processes, load average 8-10): SmolLM2 one Adam step
+of 8 targets x 32 tokens took ~24 s; batched/single speedup 2.0x (the CPU step is compute-bound,
+so batching saves only per-call overhead; the >= 4x goal is for overhead-bound settings such as a
+GPU). At lr 1e-2 SmolLM2's memory vectors move slowly (embedding coordinate std ~0.1): after 30
+steps no 8-token target had a single right token; with lr 0.1, 40 steps reached 7/8 tokens on one
+of two targets. The paper's protocol (up to a few thousand steps) does not fit a 2-core CPU: run
+it on a GPU (``--steps 2000``) or with a larger ``--lr``.
+
 Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_cramming.py \

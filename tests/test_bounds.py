@@ -47,6 +47,13 @@ def make_cone(d, half_angle, radius, axis=None):
 
 def make_shell(kind, gain):
     g = np.asarray(gain, dtype=float)
+    try:
+        from embgeom.supports import FinalNormShell
+
+        if kind in ("rmsnorm", "layernorm"):
+            return FinalNormShell(kind, g, eps=1e-6)
+    except ImportError:
+        pass
     return types.SimpleNamespace(shape="final_norm_shell", dim=g.size, kind_=kind, gain_=g,
                                  bias_=None, radius_=math.sqrt(g.size), eps_=1e-6)
 
@@ -181,7 +188,11 @@ def test_ellipsoid_projection_bound_closed_forms():
     te = B.packing_bound_terms(make_ellipsoid(np.full(d, r), axes=Rm), eps)
     tb = B.packing_bound_terms(Ball(center=np.zeros(d), radius=r), eps)
     assert te["vinf_projections"] == pytest.approx(tb["vinf_steiner"], rel=1e-12)
-    assert "vinf_projections_aligned" not in te
+    # a rotated anisotropic ellipse is not axis-aligned: only the Cauchy-Schwarz form applies
+    R2 = np.array([[math.cos(th), math.sin(th)], [-math.sin(th), math.cos(th)]])
+    tr = B.packing_bound_terms(make_ellipsoid([a, b], axes=R2), eps)
+    assert "vinf_projections_aligned" not in tr
+    assert tr["vinf_projections"] >= t["vinf_projections_aligned"]
 
 
 def test_shell_closed_forms():

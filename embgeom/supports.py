@@ -784,7 +784,6 @@ class Box(Support):
             "lower": self.lower_,
             "upper": self.upper_,
             "rotation": None if self.rotation_ is None else "given" if not isinstance(self.rotation, str) else self.rotation,
-            "rotation_matrix": self.rotation_,
             "widened": self.widened_,
         }
 
@@ -1145,7 +1144,7 @@ class Ellipsoid(Support):
         else:
             Hk = H
         # affine rank of the kept points
-        _, sv, Vt = np.linalg.svd(Hc, full_matrices=True)
+        _, sv, Vt = np.linalg.svd(Hc, full_matrices=False)  # Vt: (min(N, d), d)
         rank_tol = sv[0] * max(Hc.shape) * np.finfo(np.float64).eps * 16 if sv.size else 0.0
         rank = int(np.sum(sv > rank_tol))
         if rank == 0:
@@ -1181,7 +1180,9 @@ class Ellipsoid(Support):
                 )
         if basis is not None:
             center = mu + c @ basis
-            perp = Vt[rank:]
+            from scipy.linalg import null_space
+
+            perp = null_space(basis).T  # (d - rank, d): the directions off the affine hull
             A_full = basis.T @ A @ basis + (perp.T @ perp) / ridge**2
             c_full = center
         else:
@@ -1942,7 +1943,7 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
         entry["log_volume_per_dim"] = entry["log_volume"] / S.dim
         if caught:
             entry["warnings"] = [str(w.message) for w in caught]
-        for big in ("center", "axis", "lower", "upper", "rotation_matrix", "semi_axes"):
+        for big in ("center", "axis", "lower", "upper", "semi_axes"):
             if big in entry and isinstance(entry[big], list) and len(entry[big]) > 16:
                 arr = np.asarray(entry.pop(big), dtype=np.float64)
                 entry[f"{big}_summary"] = {"min": float(arr.min()), "max": float(arr.max()),

@@ -51,6 +51,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ._validation import check_array, check_positive, check_positive_int
+from .volumes import wilson_interval
 
 __all__ = [
     "CopyTask",
@@ -58,7 +59,6 @@ __all__ = [
     "train_copy_model",
     "greedy_copy",
     "evaluate_copy",
-    "wilson_interval",
     "detect_cliff",
     "copy_hidden_states",
     "compare_with_bounds",
@@ -508,44 +508,9 @@ def evaluate_copy(
 # ----------------------------------------------------------------------------------------------
 # The cliff
 # ----------------------------------------------------------------------------------------------
-def wilson_interval(k, n, z: float = 1.959963984540054):
-    """Wilson score interval for a binomial proportion ``k / n``.
-
-    Parameters
-    ----------
-    k : array_like of float or int
-        Successes (``0 <= k <= n``); a proportion times ``n`` is accepted.
-    n : int or array_like
-        Trials (> 0).
-    z : float, default 1.96
-        Normal quantile (1.96: a 95% interval).
-
-    Returns
-    -------
-    lower, upper : numpy.ndarray of float64
-        Bounds in [0, 1], same shape as ``k``.
-
-    Examples
-    --------
-    >>> lo, hi = wilson_interval(0, 10)
-    >>> float(lo), round(float(hi), 4)
-    (0.0, 0.2775)
-
-    References
-    ----------
-    E. B. Wilson, "Probable inference, the law of succession, and statistical inference",
-    JASA 22 (1927); Brown, Cai, DasGupta, Statistical Science 16 (2001), eq. (4).
-    """
-    k = np.asarray(k, dtype=np.float64)
-    n = np.asarray(n, dtype=np.float64)
-    p = k / n
-    z2 = z * z
-    denom = 1.0 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z * np.sqrt(np.maximum(p * (1 - p) / n + z2 / (4 * n * n), 0.0)) / denom
-    lower = np.where(k <= 0, 0.0, np.clip(centre - half, 0.0, 1.0))  # exact ends, no round-off
-    upper = np.where(k >= n, 1.0, np.clip(centre + half, 0.0, 1.0))
-    return lower, upper
+def _z_to_confidence(z: float) -> float:
+    """Two-sided coverage of a normal quantile ``z`` (1.96 -> 0.95)."""
+    return float(math.erf(z / math.sqrt(2.0)))
 
 
 def detect_cliff(lengths, exact_match, n_eval, *, threshold: float = 0.5, z: float = 1.959963984540054):
@@ -631,7 +596,7 @@ def detect_cliff(lengths, exact_match, n_eval, *, threshold: float = 0.5, z: flo
     if below_after.size == 0:
         return None, None
     ic = first_above + int(below_after[0])
-    lower, upper = wilson_interval(acc * n, n, z=z)
+    lower, upper = wilson_interval(acc * n, n, _z_to_confidence(z))
     surely_above = lower > threshold
     surely_below = upper < threshold
     before = np.flatnonzero(surely_above[:ic])

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from scipy import optimize, special, stats
 
+from embgeom.volumes import wilson_interval
 from embgeom._validation import check_positive, check_positive_int, check_probability, check_seed
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "greedy_generate",
     "teacher_forced_accuracy",
     "sample_targets",
-    "wilson_interval",
     "accessibility_curve",
     "n50",
     "fit_slope",
@@ -738,39 +738,6 @@ def _source_descriptor(target_source):
 # --------------------------------------------------------------------------------------------
 # Accessibility curve
 # --------------------------------------------------------------------------------------------
-
-
-def wilson_interval(successes, trials, confidence: float = 0.95):
-    """Wilson score interval for a binomial proportion.
-
-    Parameters
-    ----------
-    successes, trials : array_like of int
-    confidence : float, default 0.95
-
-    Returns
-    -------
-    (lower, upper) : numpy.ndarray of float64
-        Same shape as the inputs. E. B. Wilson, J. Am. Stat. Assoc. 22 (1927).
-
-    Raises
-    ------
-    ValueError
-        trials < 1, successes outside [0, trials].
-    """
-    k = np.asarray(successes, dtype=np.float64)
-    N = np.asarray(trials, dtype=np.float64)
-    if np.any(N < 1) or np.any(k < 0) or np.any(k > N):
-        raise ValueError("successes, trials: expected 0 <= successes <= trials and trials >= 1")
-    confidence = check_probability(confidence, "confidence")
-    z = stats.norm.ppf(0.5 + confidence / 2)
-    p = k / N
-    den = 1 + z * z / N
-    c = (p + z * z / (2 * N)) / den
-    h = z * np.sqrt(p * (1 - p) / N + z * z / (4 * N * N)) / den
-    lower, upper = np.clip(c - h, 0, 1), np.clip(c + h, 0, 1)
-    # exact ends (c - h and c + h are 0 and 1 analytically at k = 0 and k = N)
-    return np.where(k == 0, 0.0, lower), np.where(k == N, 1.0, upper)
 
 
 @dataclass

@@ -27,7 +27,64 @@ from . import _kernels
 from ._validation import check_positive_int, check_probability
 from .cells import Decoder
 
-__all__ = ["CellVolumes", "cell_volumes", "binomial_interval", "cells_report_section"]
+__all__ = [
+    "CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval", "cells_report_section",
+]
+
+
+def wilson_interval(successes, trials, confidence: float = 0.95):
+    """Wilson score interval for binomial proportions ``successes / trials``.
+
+    Parameters
+    ----------
+    successes : array_like of int or float
+        Successes, ``0 <= successes <= trials`` (a proportion times ``trials`` is accepted).
+    trials : int or array_like of int
+        Trials (>= 1), broadcast against ``successes``.
+    confidence : float, default 0.95
+        Coverage ``1 - alpha``, in (0, 1).
+
+    Returns
+    -------
+    lower, upper : numpy.ndarray of float64
+        Same shape as the broadcast inputs, in [0, 1]; exactly 0 at ``successes = 0`` and 1 at
+        ``successes = trials``.
+
+    Raises
+    ------
+    ValueError
+        ``trials < 1``, ``successes`` outside ``[0, trials]``, or ``confidence`` not in (0, 1).
+
+    References
+    ----------
+    E. B. Wilson, "Probable inference, the law of succession, and statistical inference", JASA 22
+    (1927); Brown, Cai, DasGupta, Statistical Science 16 (2001), eq. (4).
+
+    Examples
+    --------
+    >>> lo, hi = wilson_interval(0, 10)
+    >>> float(lo), round(float(hi), 4)
+    (0.0, 0.2775)
+    """
+    from scipy import stats
+
+    k = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(trials, dtype=np.float64)
+    if not (np.all(np.isfinite(k)) and np.all(np.isfinite(n))):
+        raise ValueError("successes, trials: expected finite numbers")
+    if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
+        raise ValueError("successes, trials: expected 0 <= successes <= trials and trials >= 1")
+    conf = check_probability(confidence, "confidence")
+    if conf >= 1.0:
+        raise ValueError("confidence: expected a number in (0, 1)")
+    z = stats.norm.ppf(0.5 + conf / 2)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(np.maximum(p * (1 - p) / n + z * z / (4 * n * n), 0.0)) / denom
+    lower = np.where(k <= 0, 0.0, np.clip(centre - half, 0.0, 1.0))  # exact ends, no round-off
+    upper = np.where(k >= n, 1.0, np.clip(centre + half, 0.0, 1.0))
+    return lower, upper
 
 
 def binomial_interval(counts, n: int, confidence: float = 0.95, method: str = "clopper-pearson"):
@@ -75,15 +132,7 @@ def binomial_interval(counts, n: int, confidence: float = 0.95, method: str = "c
             lo = np.where(k > 0, stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
             hi = np.where(k < n, stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
     elif method == "wilson":
-        z = stats.norm.ppf(1 - alpha / 2)
-        p = k / n
-        denom = 1 + z * z / n
-        centre = (p + z * z / (2 * n)) / denom
-        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-        lo = np.clip(centre - half, 0.0, 1.0)
-        hi = np.clip(centre + half, 0.0, 1.0)
-        lo = np.where(k == 0, 0.0, lo)
-        hi = np.where(k == n, 1.0, hi)
+        lo, hi = wilson_interval(k, n, conf)
     else:
         raise ValueError(f"method: expected 'clopper-pearson' or 'wilson', got {method!r}")
     return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)

@@ -437,6 +437,7 @@ def cells_report_section(
     *,
     unargmaxable: str = "full",
     max_lp: int | None = 200,
+    lp_time_limit: float = 60.0,
     top_k: int = 20,
     progress: bool = True,
 ) -> dict:
@@ -462,6 +463,8 @@ def cells_report_section(
         (:meth:`Decoder.unargmaxable` with no support; the canonical notion of Grivas et al.
         2022), at most ``max_lp`` LPs (the rest reported as undecided). ``"off"``: skipped.
     max_lp : int or None, default 200
+    lp_time_limit : float, default 60
+        Seconds per LP token before it is reported undecided.
     top_k : int, default 20
     progress : bool, default True
 
@@ -489,7 +492,7 @@ def cells_report_section(
     cv.histogram(path=hpath)
     un = None
     if unargmaxable == "full":
-        res = decoder.unargmaxable(max_lp=max_lp, progress=progress)
+        res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress)
         un = res.to_dict()
         if tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens") and res.tokens.size:
             un["tokens"] = [str(s) for s in tokenizer.convert_ids_to_tokens([int(i) for i in res.tokens[:200]])]

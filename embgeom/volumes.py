@@ -385,7 +385,7 @@ def cell_volumes(
         raise TypeError(f"seed: expected None, an int or a SeedSequence, got {type(seed).__name__}")
     try:
         log_vol = float(support.log_volume)
-    except (AttributeError, RuntimeError, NotImplementedError):
+    except (AttributeError, RuntimeError):
         log_vol = float("nan")
     directions = (
         decoder.bias_ is None

@@ -1451,7 +1451,7 @@ def _md_table(header, rows) -> str:
 def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractions=None,
                           lower=None, upper=None, published_c_emp=None, out_dir=".", *,
                           dtype="float32", k_max: int = 32, n_samples=None,
-                          m_values=tuple(range(1, 9))) -> dict:
+                          m_values=tuple(range(1, 9)), valid=None) -> dict:
     """The bounds section of a model report: slopes per support, lambda, n*, the figure.
 
     Parameters
@@ -1460,6 +1460,10 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         Needs ``hidden_size`` (or ``d``) and ``vocab_size``; ``name`` is used if present.
     supports : dict[str, Support]
         Fitted supports by name; every entry is bounded (a failure is recorded, not raised).
+    valid : collection of str, optional
+        Names (``"cube"`` included) of the supports that passed a held-out containment check
+        (see :func:`embgeom.report.build_report`). Only these compete for ``tightest``; the others
+        are still bounded and tabulated, marked not valid. ``None``: all are taken as valid.
     rinf : float
         The L-infinity radius of the hidden states, > 0: the cube ``[-rinf, rinf]^d`` is the
         ``"cube"`` column and ``eps`` is derived from it.
@@ -1532,7 +1536,9 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     ratio = {k: (v / c_emp if c_emp else None) for k, v in slope.items()}
     ratio_ref = {k: (v / c_emp if (c_emp and v) else None) for k, v in slope_ref.items()}
     nstar = {k: n_star(np.asarray(m_values), v, V).tolist() for k, v in lp_paper.items()}
-    tight = min(lp_paper, key=lp_paper.get)
+    is_valid = {k: (valid is None or k in valid) for k in lp_paper}
+    candidates = [k for k in lp_paper if is_valid[k]] or list(lp_paper)
+    tight = min(candidates, key=lp_paper.get)
     thr = threshold_length_unbounded(lp_paper[tight], V, weight_bits=11)
     curves = {f"{tight} (log|V|)": (lp_paper[tight], None), f"cube (log|V|)": (lp_paper["cube"], None)}
     if lam:
@@ -1541,7 +1547,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
 
     rows = []
     for k in lp_paper:
-        rows.append([k, shapes.get(k, "box (cube)"), lp_paper[k], slope_formula[k], slope[k],
+        rows.append([k, shapes.get(k, "box (cube)"), "yes" if is_valid[k] else "NO",
+                     lp_paper[k], slope_formula[k], slope[k],
                      slope_dtype[k], slope_ref[k] if slope_ref[k] else "-",
                      ratio[k] if ratio[k] else "-",
                      ("BROKEN " if ratio[k] and ratio[k] < 1 else "") + (f"{ratio_ref[k]:.3g}" if ratio_ref[k] else "-")])
@@ -1549,8 +1556,9 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
           f"Precision eps = r_inf 2^-11 = {eps_paper:.4g} (paper's convention; r_inf = {rinf:.4g}); "
           f"{dtype} gives eps = {eps_dtype:.4g}. |V| = {V:,}, log|V| = {logV:.4f}, d = {d}.",
           "C = log P / log|V| in tokens per prompt vector (rigorous bound on log P unless the "
-          "column says 'paper formula'); refined: log P / lambda (heuristic, typical sequences).", "",
-          _md_table(["support", "shape", "log P (nats)", "C paper formula", "C rigorous",
+          "column says 'paper formula'); refined: log P / lambda (heuristic, typical sequences). "
+          "A support marked not held-out valid missed fresh hidden states: its C is no bound.", "",
+          _md_table(["support", "shape", "held-out valid", "log P (nats)", "C paper formula", "C rigorous",
                      f"C ({dtype} eps)", "C refined", "C / C_emp", "C refined / C_emp"], rows), ""]
     if rate is not None:
         md.append(f"lambda = {rate.rate:.4g} nats/token (R^2 {rate.r2:.4f}; conservative "
@@ -1579,6 +1587,7 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         "n_star": {"m": list(m_values), **nstar},
         "threshold_unbounded": {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in thr.items()},
         "tightest": tight,
+        "heldout_valid": is_valid,
         "errors": errors,
         "figure": Path(fig).name,
         "markdown": "\n".join(md),

@@ -23,13 +23,19 @@ __all__ = ["build_report", "hidden_state_summary", "REPORT_SIZES"]
 
 #: Sizes of the default and the ``--quick`` report. ``lengths`` are prompt lengths in tokens,
 #: ``n_per_length`` hidden states per length, ``cell_samples`` Monte Carlo samples for the cell
-#: volumes. The paper used lengths 4..4096 and 10,000 sequences per length (GPU); these sizes fit
+#: volumes, ``heldout_min`` the share of held-out hidden states a fitted support must contain to
+#: count as a bound, ``shapes`` the supports fitted (the ellipsoid and the principal-axes box need
+#: well over d hidden states, so ``--quick`` leaves them out). The paper used lengths 4..4096 and 10,000 sequences per length (GPU); these sizes fit
 #: 10 minutes (default) and 2 minutes (quick) on 2 CPU cores for SmolLM2-135M.
 REPORT_SIZES = {
     "default": {"lengths": (4, 8, 16, 32, 64, 128, 256), "n_per_length": 128,
-                "cell_samples": 100_000, "max_cos_points": 2000},
-    "quick": {"lengths": (4, 16, 64), "n_per_length": 24,
-              "cell_samples": 10_000, "max_cos_points": 500},
+                "cell_samples": 100_000, "max_cos_points": 2000,
+                "unargmaxable": "full", "heldout_min": 0.99,
+                "shapes": ("ball", "ball_origin", "ellipsoid", "cone", "box", "box_pca")},
+    "quick": {"lengths": (4, 16, 64), "n_per_length": 64,
+              "cell_samples": 10_000, "max_cos_points": 500,
+              "unargmaxable": "off", "heldout_min": 0.99,
+              "shapes": ("ball", "ball_origin", "cone", "box")},
 }
 
 
@@ -239,7 +245,8 @@ def build_report(
 
     # 1. model -> unembedding
     t0 = time.perf_counter()
-    loaded = model if isinstance(model, adapters.LoadedModel) else adapters.load_model(model)
+    loaded = (model if isinstance(model, adapters.LoadedModel)
+              else adapters.load_model(model, progress=progress))
     u = adapters.unembedding(loaded)
     lap("load_model", t0)
     model_facts = u.to_dict()
@@ -261,26 +268,57 @@ def build_report(
 
     # 3. supports
     t0 = time.perf_counter()
-    sup_section, fitted = supports.supports_report_section(H, out, unembedding=u)
+    sup_section, fitted = supports.supports_report_section(
+        H, out, shapes=size["shapes"], unembedding=u, return_supports=True)
+    # A support fitted to samples is only a bound if it also holds hidden states it has not
+    # seen: check every shape on a held-out sample (another seed), and keep for the bounds only
+    # the shapes that contain at least ``heldout_min`` of it.
+    H_test, _ = adapters.sample_hidden_states(
+        loaded, size["lengths"], max(2, size["n_per_length"] // 4), seed=seed + 1,
+        cache_dir=cache_dir, progress=progress,
+    )
+    valid = {}
+    for name, S in fitted.items():
+        frac = float(np.mean(S.contains(H_test, tol=1e-6)))
+        sup_section[name]["heldout_contained"] = frac
+        sup_section[name]["heldout_valid"] = frac >= size["heldout_min"]
+        if frac >= size["heldout_min"]:
+            valid[name] = S
+    geo["heldout_rinf_max"] = float(np.abs(H_test).max())
+    geo["heldout_r2_max"] = float(np.linalg.norm(H_test, axis=1).max())
+    sup_section["heldout"] = {"n": int(H_test.shape[0]), "seed": int(seed) + 1,
+                              "cube_contained": float(np.mean(
+                                  np.abs(H_test).max(axis=1) <= geo["rinf_max"])),
+                              "min_contained": size["heldout_min"],
+                              "not_valid": sorted(set(fitted) - set(valid))}
+    sup_section["markdown"] = _supports_markdown(sup_section, H.shape)
     lap("supports", t0)
 
-    # 4. cells
+    # 4. cells: with no bias every cell is a cone, so its share of an origin-centred ball is its
+    # solid-angle fraction (the estimator then samples directions only).
     t0 = time.perf_counter()
     decoder = cells.Decoder.from_unembedding(u)
-    cell_support = fitted.get("ball_origin") or fitted.get("ball")
+    cell_support = fitted["ball_origin"] if "ball_origin" in fitted else fitted["ball"]
     cells_section, cell_result = volumes.cells_report_section(
         decoder, cell_support, size["cell_samples"], seed, out, tokenizer=loaded.tokenizer,
-        progress=progress,
+        unargmaxable=size["unargmaxable"], progress=progress, return_volumes=True,
     )
+    cells_section["support"] = "ball_origin" if "ball_origin" in fitted else "ball"
+    cells_section["fractions_path"] = Path(cells_section["fractions_path"]).name
+    cells_section["histogram_path"] = Path(cells_section["histogram_path"]).name
+    cells_section["markdown"] = _cells_markdown(cells_section, len(cell_result.fractions))
     lap("cells", t0)
 
     # 5. bounds
     t0 = time.perf_counter()
+    published = bounds.PUBLISHED.get(loaded.name, {})
     bounds_section = bounds.bounds_report_section(
         model_facts, fitted, rinf=geo["rinf_max"], fractions=cell_result.fractions,
         lower=cell_result.lower, upper=cell_result.upper,
-        published_c_emp=bounds.PUBLISHED.get(loaded.name, {}).get("c_emp"),
-        out_dir=out, dtype=u.dtype,
+        published_c_emp=published.get("c_emp"), out_dir=out, dtype=u.dtype,
+        n_samples=cell_result.n_samples,
+        valid=set(valid) | ({"cube"} if sup_section["heldout"]["cube_contained"]
+                            >= size["heldout_min"] else set()),
     )
     lap("bounds", t0)
 
@@ -319,11 +357,75 @@ def _summary_lines(rep: dict, out: Path) -> list[str]:
         f"max L-inf = {_fmt(h['rinf_max'])}, min cosine = {_fmt(h['cos_min'])}",
     ]
     for shape, c in b.get("slope", {}).items():
-        lines.append(f"  slope bound C [{shape}]: {_fmt(c)} tokens per prompt vector")
-    lines.append(f"  unargmaxable tokens: {rep['cells'].get('unargmaxable')}")
+        ok = b.get("heldout_valid", {}).get(shape, True)
+        lines.append(f"  slope bound C [{shape}]: {_fmt(c)} tokens per prompt vector"
+                     + ("" if ok else "  (support missed held-out hidden states: not a bound)"))
+    lines.append(f"  tightest valid: {b.get('tightest')}")
+    un = rep["cells"].get("unargmaxable")
+    lines.append("  unargmaxable tokens: " + ("not computed (--quick)" if un is None else
+                 f"{un.get('n_unargmaxable')} ({un.get('n_undecided')} undecided)"))
     lines.append(f"  written: {out / 'report.json'}, {out / 'report.md'} "
                  f"({rep['timings_s']['total']} s)")
     return lines
+
+
+def _supports_markdown(section: dict, shape) -> str:
+    rows = []
+    for name, e in section.items():
+        if name in ("figures", "heldout", "markdown"):
+            continue
+        if "error" in e:
+            rows.append([name, "not fitted: " + e["error"], None, None, None, None])
+            continue
+        params = []
+        for key in ("radius", "rinf", "half_angle", "paper_half_angle", "n_dropped", "ridge"):
+            if e.get(key) is not None and not isinstance(e.get(key), (list, dict)):
+                params.append(f"{key} {_fmt(e[key])}")
+        rows.append([name, ", ".join(params) or "—", e["log_volume"], e["log_volume_per_dim"],
+                     e.get("heldout_contained"), e.get("fit_seconds")])
+    lines = ["## Supports", "",
+             f"Smallest sets of each shape holding the {shape[0]:,} hidden states (d = {shape[1]}); "
+             "`final_norm` is the shell certified by the final norm (no data; its log-volume is "
+             "the enclosing solid's). Log-volumes in nats.", "",
+             _md_table(["support", "parameters", "log-volume", "per dimension",
+                        "held-out contained", "fit (s)"], rows)]
+    ho = section.get("heldout")
+    if ho:
+        lines += ["", f"Held-out check: {ho['n']:,} fresh hidden states (seed {ho['seed']}); a "
+                  f"support enters the bounds only if it contains at least "
+                  f"{_fmt(ho['min_contained'])} of them (the cube: {_fmt(ho['cube_contained'])}). "
+                  f"Not valid: {', '.join(ho['not_valid']) or 'none'}."]
+    if "final_norm" in section and "contains_fraction" in section["final_norm"]:
+        lines += ["", "Share of the hidden states on the final-norm shell (relative tol 1e-4): "
+                  f"{_fmt(section['final_norm']['contains_fraction'])}."]
+    lines += ["", f"![support log-volumes]({Path(section['figures']['log_volume']).name})"]
+    return "\n".join(lines)
+
+
+def _cells_markdown(section: dict, n_tokens: int) -> str:
+    vol = section["volumes"]
+    lines = ["## Decoder cells", "",
+             f"Monte Carlo shares of the {n_tokens:,} decoder cells E_t (argmax of W h + b) in the "
+             f"`{section['support']}` support, {vol.get('n_samples', 0):,} samples, 95% "
+             f"{vol.get('interval', '')} intervals. Largest 1% of cells hold "
+             f"{_fmt(section['top1pct_share'])} of the volume; "
+             f"{_fmt(vol.get('n_zero', vol.get('n_empty_sample')))} tokens got no sample.", ""]
+    un = section.get("unargmaxable")
+    if un is None:
+        lines.append("Unargmaxable tokens: not computed at this size (`--quick`).")
+    else:
+        lines.append(f"Unargmaxable tokens (exact: witnesses, then LPs): {un.get('n_unargmaxable')}"
+                     f" ({un.get('n_lp')} LPs, {un.get('n_undecided')} undecided, "
+                     f"{_fmt(un.get('seconds'))} s).")
+        if un.get("tokens"):
+            lines.append("Tokens: " + ", ".join(f"`{t}`" for t in un["tokens"][:30]))
+    top = section.get("top") or []
+    if top:
+        lines += ["", "Largest cells:", ""]
+        keys = [k for k in ("token_id", "token", "fraction", "lower", "upper") if k in top[0]]
+        lines.append(_md_table(keys, [[t.get(k) for k in keys] for t in top]))
+    lines += ["", f"![cell-volume histogram]({section['histogram_path']})"]
+    return "\n".join(lines)
 
 
 def _markdown(rep: dict) -> str:

@@ -716,7 +716,11 @@ class Box(Support):
                 raise ValueError(f"rotation: expected None, 'pca' or a (d, d) matrix, got {self.rotation!r}")
             Hc = H - H.mean(axis=0)
             # principal axes: right singular vectors, decreasing variance
-            _, _, Vt = np.linalg.svd(Hc, full_matrices=True)
+            _, _, Vt = np.linalg.svd(Hc, full_matrices=False)  # thin: U would be (N, N)
+            if Vt.shape[0] < d:  # N < d: complete the basis with the null space
+                from scipy.linalg import null_space
+
+                Vt = np.vstack([Vt, null_space(Vt).T])
             R = np.ascontiguousarray(Vt)
         elif self.rotation is not None:
             R = self._check_rotation(self.rotation, d)
@@ -727,7 +731,9 @@ class Box(Support):
         Yk, _ = _trim(Y, (np.abs(Y - med) / mad).max(axis=1), q)
         lo, hi = Yk.min(axis=0), Yk.max(axis=0)
         widened = []
-        zero = np.flatnonzero(~(hi > lo))
+        # widths at rounding level (e.g. a PCA axis off the data's affine hull) count as zero
+        floor = 64 * np.finfo(np.float64).eps * float(np.abs(Yk).max())
+        zero = np.flatnonzero(~(hi - lo > floor))
         if zero.size:
             if self.min_width is None:
                 raise ValueError(
@@ -1894,7 +1900,8 @@ _REPORT_FITS = {
 
 
 def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoid", "cone", "box", "box_pca"),
-                            unembedding=None, *, quantile=1.0, solver="auto") -> dict:
+                            unembedding=None, *, quantile=1.0, solver="auto",
+                            return_supports=False):
     """The report's supports section: every shape's parameters and log-volume, and a figure.
 
     Parameters
@@ -1910,13 +1917,18 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
         Adds ``"final_norm"`` (the data-free shell; its log-volume is the enclosing solid's).
     quantile, solver
         Passed to :func:`fit_support`.
+    return_supports : bool, default False
+        Also return the fitted support objects, ``{name: Support}`` (the shapes that could be
+        fitted), for the bounds section.
 
     Returns
     -------
     dict
         ``{<name>: support.to_dict() (with "log_volume", "log_volume_per_dim", "fit_seconds",
         and for final_norm "contains_fraction": the fraction of H on the shell at tol 1e-4), ...,
-        "figures": {"log_volume": path}}``. JSON-able.
+        "figures": {"log_volume": path}}``. JSON-able. A shape that cannot be fitted to ``H``
+        (e.g. an ellipsoid with N <= d) gets ``{"error": message}`` instead of raising. With
+        ``return_supports=True``: ``(section, supports)``.
 
     Raises
     ------
@@ -1932,13 +1944,19 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     section: dict = {}
+    fitted: dict = {}
     for name in shapes:
         shape, kw = _REPORT_FITS[name]
         kw = dict(kw)
         center = kw.pop("center", "free")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            S = fit_support(H, shape, center=center, quantile=quantile, solver=solver, **kw)
+            try:
+                S = fit_support(H, shape, center=center, quantile=quantile, solver=solver, **kw)
+            except ValueError as exc:
+                section[name] = {"shape": shape, "error": str(exc)}
+                continue
+        fitted[name] = S
         entry = S.to_dict()
         entry["log_volume_per_dim"] = entry["log_volume"] / S.dim
         if caught:
@@ -1956,8 +1974,9 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
         if shell.dim == H.shape[1]:
             entry["contains_fraction"] = float(shell.contains(H, tol=1e-4).mean())
         section["final_norm"] = entry
+        fitted["final_norm"] = shell
     section["figures"] = {"log_volume": str(_plot_log_volumes(section, out_dir / "supports_log_volume.png"))}
-    return section
+    return (section, fitted) if return_supports else section
 
 
 def _plot_log_volumes(section: dict, path):
@@ -1966,7 +1985,7 @@ def _plot_log_volumes(section: dict, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [k for k in section if k != "figures"]
+    names = [k for k in section if k != "figures" and "log_volume" in section[k]]
     vals = [section[k]["log_volume"] for k in names]
     fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(names) + 1.2))
     ax.barh(names, vals, color="tab:blue")

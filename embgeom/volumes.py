@@ -440,7 +440,8 @@ def cells_report_section(
     lp_time_limit: float = 60.0,
     top_k: int = 20,
     progress: bool = True,
-) -> dict:
+    return_volumes: bool = False,
+):
     """The cells section of the report: cell volumes, the largest cells, unargmaxable tokens.
 
     Writes ``cell_fractions.npy`` (float64 (n_tokens,)) and ``cell_volumes.png`` (the
@@ -467,6 +468,8 @@ def cells_report_section(
         Seconds per LP token before it is reported undecided.
     top_k : int, default 20
     progress : bool, default True
+    return_volumes : bool, default False
+        Also return the :class:`CellVolumes` (for the bounds section's lambda).
 
     Returns
     -------
@@ -496,7 +499,7 @@ def cells_report_section(
         un = res.to_dict()
         if tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens") and res.tokens.size:
             un["tokens"] = [str(s) for s in tokenizer.convert_ids_to_tokens([int(i) for i in res.tokens[:200]])]
-    return {
+    section = {
         "unargmaxable": un,
         "fractions_path": fpath,
         "histogram_path": hpath,
@@ -504,3 +507,4 @@ def cells_report_section(
         "top1pct_share": cv.top_share(0.01),
         "volumes": cv.to_dict(),
     }
+    return (section, cv) if return_volumes else section

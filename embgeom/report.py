@@ -291,6 +291,7 @@ def build_report(
                                   np.abs(H_test).max(axis=1) <= geo["rinf_max"])),
                               "min_contained": size["heldout_min"],
                               "not_valid": sorted(set(fitted) - set(valid))}
+    sup_section["figures"] = {k: Path(v).name for k, v in sup_section["figures"].items()}
     sup_section["markdown"] = _supports_markdown(sup_section, H.shape)
     lap("supports", t0)
 

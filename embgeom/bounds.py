@@ -44,12 +44,12 @@ import numpy as np
 from scipy import optimize, signal, special
 
 from ._validation import check_array, check_positive, check_positive_int, check_seed
+from .supports import log_cap_fraction
 
 __all__ = [
     "PUBLISHED",
     "FORMAT_BITS",
     "precision_eps",
-    "log_cap_fraction",
     "log_packing_number",
     "packing_bound_terms",
     "accessible_log_count",
@@ -183,27 +183,6 @@ def _log1mexp(x):
     return math.log(-math.expm1(x)) if x > -0.693 else math.log1p(-math.exp(x))
 
 
-def _log_betainc(a: float, b: float, x: float) -> float:
-    """``log I_x(a, b)`` (regularised incomplete beta) without underflow for small ``x``.
-
-    Uses scipy's ``betainc`` where the value is representable, else the positive series
-    ``I_x(a,b) = x^a (1-x)^b / (a B(a,b)) sum_n [(a+b)_n / (a+1)_n] x^n`` (DLMF 8.17.8 with
-    the hypergeometric expansion of 8.17.7), summed in the log domain.
-    """
-    if x <= 0.0:
-        return -np.inf
-    if x >= 1.0:
-        return 0.0
-    v = float(special.betainc(a, b, x))
-    if v > 1e-280:
-        return math.log(v)
-    n = np.arange(4000, dtype=np.float64)
-    log_ratio = np.log(a + b + n) - np.log(a + 1.0 + n) + math.log(x)
-    log_terms = np.concatenate([[0.0], np.cumsum(log_ratio[:-1])])
-    return (a * math.log(x) + b * math.log1p(-x) - math.log(a) - float(special.betaln(a, b))
-            + float(special.logsumexp(log_terms)))
-
-
 # --------------------------------------------------------------------------------------------
 # precision
 # --------------------------------------------------------------------------------------------
@@ -271,47 +250,10 @@ def precision_eps(radius, dtype_or_bits) -> float:
 # --------------------------------------------------------------------------------------------
 # cap fraction
 # --------------------------------------------------------------------------------------------
-def log_cap_fraction(d, half_angle) -> float:
-    """Log of the fraction of the unit sphere ``S^{d-1}`` within ``half_angle`` of an axis.
-
-    Equivalently the volume fraction of a ball taken by the cone ``{x : angle(x, axis) <= alpha}``
-    with its apex at the centre.
-
-    Parameters
-    ----------
-    d : int
-        Dimension, >= 2.
-    half_angle : float
-        ``alpha`` in radians, in ``(0, pi]``.
-
-    Returns
-    -------
-    float
-        ``log(1/2 I_{sin^2 alpha}((d-1)/2, 1/2))`` for ``alpha <= pi/2`` and
-        ``log(1 - 1/2 I_{sin^2 alpha}((d-1)/2, 1/2))`` for ``alpha > pi/2`` (nats, <= 0;
-        ``log 1/2`` at ``pi/2``, ``0`` at ``pi``).
-
-    Raises
-    ------
-    TypeError, ValueError
-        ``d < 2`` or ``alpha`` outside ``(0, pi]``.
-
-    Notes
-    -----
-    S. Li, "Concise formulas for the area and volume of a hyperspherical cap", Asian J. Math.
-    Stat. 4 (2011); THEORY.md ("Refinements", cone). Checks: ``d = 2`` gives ``alpha / pi``,
-    ``d = 3`` gives ``(1 - cos alpha) / 2``. Computed without underflow for large ``d``.
-    """
-    d = check_positive_int(d, "d", minimum=2)
-    alpha = check_positive(half_angle, "half_angle")
-    if alpha > math.pi * (1 + 1e-12):
-        raise ValueError(f"half_angle: expected a value in (0, pi], got {alpha}")
-    alpha = min(alpha, math.pi)
-    a, b = 0.5 * (d - 1), 0.5
-    if alpha <= 0.5 * math.pi:
-        return math.log(0.5) + _log_betainc(a, b, math.sin(alpha) ** 2)
-    x = math.sin(math.pi - alpha) ** 2
-    return math.log1p(-0.5 * math.exp(_log_betainc(a, b, x)))
+def _cap(d: int, half_angle: float) -> float:
+    """``log`` of the cap fraction, one implementation: :func:`embgeom.supports.log_cap_fraction`
+    (argument order ``(half_angle, d)`` there)."""
+    return float(log_cap_fraction(half_angle, d))
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,7 +355,7 @@ def _cone_convex_log_volume(d: int, r: float, alpha: float, rho: float) -> float
     ``vol <= kappa_d (r + rho + delta)^d frac(alpha)``.
     """
     delta = rho / math.sin(alpha)
-    return float(_log_kappa(d)) + d * math.log(r + rho + delta) + log_cap_fraction(d, alpha)
+    return float(_log_kappa(d)) + d * math.log(r + rho + delta) + _cap(d, alpha)
 
 
 def _cone_reflex_log_volume(d: int, r: float, alpha: float, rho: float) -> float:
@@ -431,7 +373,7 @@ def _cone_reflex_log_volume(d: int, r: float, alpha: float, rho: float) -> float
     delta = rho / math.sin(beta)
     if delta >= r + rho:
         return base
-    cut = log_cap_fraction(d, beta) + d * math.log1p(-delta / (r + rho))
+    cut = _cap(d, beta) + d * math.log1p(-delta / (r + rho))
     return base + _log1mexp(cut)
 
 
@@ -577,7 +519,7 @@ def packing_bound_terms(support, eps) -> dict:
         if not (0.0 < alpha <= math.pi * (1 + 1e-12)):
             raise ValueError(f"support: cone half_angle_ must lie in (0, pi], got {alpha}")
         alpha = min(alpha, math.pi)
-        lf = log_cap_fraction(d, alpha)
+        lf = _cap(d, alpha)
         out = {"paper": d * math.log1p(2.0 * r / eps) + lf, "log_cap_fraction": lf}
         out.update(_cone_terms(d, r, alpha, eps))
         out.update({f"{k}_ball": v for k, v in _ball_terms(d, r, eps).items()})

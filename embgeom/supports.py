@@ -31,7 +31,6 @@ Generate?", ICML 2026, Sec. 4 (Theorem 4.5 and the support refinements).
 from __future__ import annotations
 
 import math
-import numbers
 import time
 import warnings
 

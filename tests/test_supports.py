@@ -401,6 +401,11 @@ def test_bad_input_errors():
         Box().fit(np.column_stack([H[:, 0], np.ones(50)]))
     widened = Box(min_width=1e-3).fit(np.column_stack([H[:, 0], np.ones(50)]))
     assert widened.widened_ == [1] and widened.extents_[1] == pytest.approx(1e-3)
+    few = rng.standard_normal((5, 8))  # N < d: the PCA box is flat off the affine hull
+    with pytest.raises(ValueError, match="zero width"):
+        Box(rotation="pca").fit(few)
+    flat = Box(rotation="pca", min_width=1e-6).fit(few)
+    assert flat.widened_ == [4, 5, 6, 7] and flat.contains(few, tol=1e-9).all()
     with pytest.raises(ValueError, match="upper"):
         Box([0.0, 1.0], [1.0, 1.0])
     with pytest.raises(ValueError, match="positive definite"):

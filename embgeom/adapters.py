@@ -679,8 +679,11 @@ def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
     else:
         vocab, source = _config_vocab(hf), "config"
     if vocab > n_rows:
-        _log.warning("vocabulary (%d, from %s) larger than the unembedding (%d rows)",
-                     vocab, source, n_rows)
+        raise ValueError(
+            f"vocab_size: the vocabulary ({vocab}, from the {source}) is larger than the "
+            f"unembedding ({n_rows} rows): tokens without a row have no cell; pass the real "
+            "vocabulary size"
+        )
     inp = hf.get_input_embeddings() if hasattr(hf, "get_input_embeddings") else None
     return Unembedding(
         weight=weight,

@@ -1385,8 +1385,11 @@ def _md_table(header, rows) -> str:
             return f"{v:.4g}" if np.isfinite(v) else str(v)
         return str(v)
 
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    def cell(v):
+        return fmt(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -1499,7 +1502,10 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
           f"{dtype} gives eps = {eps_dtype:.4g}. |V| = {V:,}, log|V| = {logV:.4f}, d = {d}.",
           "C = log P / log|V| in tokens per prompt vector (rigorous bound on log P unless the "
           "column says 'paper formula'); refined: log P / lambda (heuristic, typical sequences). "
-          "A support marked not held-out valid missed fresh hidden states: its C is no bound.", "",
+          "A support marked not held-out valid missed fresh hidden states: its C is no bound. "
+          + ("C_emp: the published empirical slope (THEORY.md)." if c_emp else
+             "C / C_emp: no published empirical slope for this model (run `embgeom cram` for "
+             "ours)."), "",
           _md_table(["support", "shape", "held-out valid", "log P (nats)", "C paper formula", "C rigorous",
                      f"C ({dtype} eps)", "C refined", "C / C_emp", "C refined / C_emp"], rows), ""]
     if rate is not None:

@@ -509,6 +509,7 @@ class UnargmaxableResult:
             "unargmaxable": self.tokens.tolist(),
             "n_lp": int(self.n_lp),
             "n_undecided": int(self.n_undecided),
+            "undecided": self.undecided.tolist()[:1000],
             "status_counts": counts,
             "seconds": float(self.seconds),
             "support": self.support,

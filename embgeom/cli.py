@@ -134,7 +134,9 @@ def _cmd_report(args) -> dict:
 
 
 def _cmd_cram(args) -> dict:
-    from .cramming import run_cram
+    from .cramming import _check_device, run_cram
+
+    _check_device(args.device)  # before the model loads: a bad --device fails at once
 
     return run_cram(
         args.model,

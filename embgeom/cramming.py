@@ -114,6 +114,26 @@ def _input_embedding(hf) -> torch.nn.Module:
     return emb
 
 
+def _check_device(device):
+    """``device`` as a ``torch.device`` that this torch can use, or ``None``.
+
+    Raises
+    ------
+    ValueError
+        An unknown device string, or a CUDA device without CUDA.
+    """
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asked for, but this torch has no CUDA device; "
+                         "use 'cpu'")
+    return dev
+
+
 def _model_device_dtype(hf):
     p = next(iter(hf.parameters()), None)
     if p is None:
@@ -422,6 +442,7 @@ def cram(
     T_np = _check_targets(targets, vocab)
     B, n = T_np.shape
     seeds = _per_target_seeds(seed, B)
+    device = _check_device(device)
     if device is not None:
         hf.to(device)
     dev, mdtype = _model_device_dtype(hf)
@@ -909,6 +930,7 @@ def accessibility_curve(
         if not grid:
             raise ValueError(f"lengths: every length exceeds max_length={max_length}")
     hf, _, name = _resolve_model(model)
+    device = _check_device(device)
     if device is not None:
         hf.to(device)
     dev, mdtype = _model_device_dtype(hf)
@@ -1427,6 +1449,7 @@ def run_cram(
     else:
         model = model_name
     hf, _, name = _resolve_model(model)
+    device = _check_device(device)
     if device is not None:
         hf.to(device)
     dev, mdtype = _model_device_dtype(hf)

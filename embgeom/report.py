@@ -119,7 +119,7 @@ def _plot_norms(summary: dict, path: Path) -> None:
     if not rows:
         return
     L = [r["length"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
     ax.plot(L, [r["r2_max"] for r in rows], "o-", label="max L2 norm")
     ax.plot(L, [r["r2_mean"] for r in rows], "s--", label="mean L2 norm")
     ax.plot(L, [r["rinf_max"] for r in rows], "^-", label="max L-inf norm")
@@ -127,7 +127,7 @@ def _plot_norms(summary: dict, path: Path) -> None:
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("norm of the final hidden state")
     ax.set_title("Hidden-state norms vs prompt length")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -151,10 +151,15 @@ def _fmt(x, nd=4):
     return str(x)
 
 
+def _md_cell(text: str) -> str:
+    """A markdown table cell: ``|`` escaped (token strings and |V| contain it)."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def _md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(v) for v in r) + " |")
+        lines.append("| " + " | ".join(_md_cell(_fmt(v)) for v in r) + " |")
     return "\n".join(lines)
 
 
@@ -236,7 +241,6 @@ def build_report(
         size["n_per_length"] = check_positive_int(n_per_length, "n_per_length", minimum=2)
     if n_cell_samples is not None:
         size["cell_samples"] = check_positive_int(n_cell_samples, "n_cell_samples")
-    out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
 
@@ -249,6 +253,7 @@ def build_report(
               else adapters.load_model(model, progress=progress))
     u = adapters.unembedding(loaded)
     lap("load_model", t0)
+    out.mkdir(parents=True, exist_ok=True)
     model_facts = u.to_dict()
     model_facts["name"] = loaded.name
     model_facts["source"] = str(loaded.source)
@@ -417,7 +422,10 @@ def _cells_markdown(section: dict, n_tokens: int) -> str:
     else:
         lines.append(f"Unargmaxable tokens (exact: witnesses, then LPs): {un.get('n_unargmaxable')}"
                      f" ({un.get('n_lp')} LPs, {un.get('n_undecided')} undecided, "
-                     f"{_fmt(un.get('seconds'))} s).")
+                     f"{_fmt(un.get('seconds'))} s; status counts {un.get('status_counts')}).")
+        if un.get("undecided"):
+            lines.append("Undecided token ids (LP time limit reached): "
+                         + ", ".join(str(i) for i in un["undecided"][:30]) + ".")
         if un.get("tokens"):
             lines.append("Tokens: " + ", ".join(f"`{t}`" for t in un["tokens"][:30]))
     top = section.get("top") or []
@@ -448,8 +456,9 @@ def _markdown(rep: dict) -> str:
     ]))
     parts += ["", "## Hidden states", "",
               f"{h['n']:,} last-position final hidden states (after the final norm) of random "
-              f"token sequences, {h['n_per_length']} per length. Cosines over a subsample of "
-              f"{h['cos_subsample']:,} rows per group (the pairwise part is quadratic).", ""]
+              f"token sequences, {h['n_per_length']} per length. The pairwise cosines are quadratic in "
+              f"the number of rows: each group uses at most {rep['settings']['max_cos_points']:,} "
+              "rows (a seeded subsample when larger).", ""]
     rows = [[r["length"], r["n"], r["r2_max"], r["r2_mean"], r["rinf_max"], r["cos_min"],
              r["cos_mean"]] for r in h["per_length"]]
     rows.append(["all", h["n"], h["r2_max"], h["r2_mean"], h["rinf_max"], h["cos_min"],

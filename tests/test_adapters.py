@@ -169,6 +169,8 @@ def test_padded_rows_reported():
     model, _ = _tiny("qwen2")
     u = unembedding(model, vocab_size=90)
     assert (u.vocab_size, u.n_rows, u.padded_rows, u.vocab_source) == (90, VOCAB, 7, "argument")
+    with pytest.raises(ValueError, match="vocab_size"):  # tokens without a row: refused
+        unembedding(model, vocab_size=VOCAB + 1)
 
 
 # ------------------------------------------------------------------ sampling and cache

@@ -41,3 +41,20 @@ def test_non_positive_counts(capsys, argv):
     code, err = _run(capsys, argv)
     assert code == 2 and "Traceback" not in err
     assert "positive" in err or "invalid" in err
+
+
+@pytest.mark.parametrize("device", ["foo", "cuda:0"])
+def test_cram_bad_device_fails_before_loading(capsys, tmp_path, device):
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, err = _run(capsys, ["cram", "--model", "smollm2-135m", "--device", device,
+                              "--out", str(tmp_path / "c")])
+    assert code == 2 and "device" in err and "Traceback" not in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_unknown_model_leaves_no_out_folder(capsys, tmp_path):
+    code, _ = _run(capsys, ["report", "--model", "nope", "--out", str(tmp_path / "r")])
+    assert code == 2 and not (tmp_path / "r").exists()

@@ -271,24 +271,18 @@ def build_report(
     _plot_norms(geo, out / "hidden_norms.png")
     geo["figure"] = "hidden_norms.png"
 
-    # 3. supports
+    # 3. supports. A support fitted to a sample is only a bound if it also holds hidden states
+    # it has not seen: every shape is checked on a held-out sample (another seed), and only the
+    # shapes that contain at least ``heldout_min`` of it count as bounds.
     t0 = time.perf_counter()
-    sup_section, fitted = supports.supports_report_section(
-        H, out, shapes=size["shapes"], unembedding=u, return_supports=True)
-    # A support fitted to samples is only a bound if it also holds hidden states it has not
-    # seen: check every shape on a held-out sample (another seed), and keep for the bounds only
-    # the shapes that contain at least ``heldout_min`` of it.
     H_test, _ = adapters.sample_hidden_states(
         loaded, size["lengths"], max(2, size["n_per_length"] // 4), seed=seed + 1,
         cache_dir=cache_dir, progress=progress,
     )
-    valid = {}
-    for name, S in fitted.items():
-        frac = float(np.mean(S.contains(H_test, tol=1e-6)))
-        sup_section[name]["heldout_contained"] = frac
-        sup_section[name]["heldout_valid"] = frac >= size["heldout_min"]
-        if frac >= size["heldout_min"]:
-            valid[name] = S
+    sup_section, fitted = supports.supports_report_section(
+        H, out, shapes=size["shapes"], unembedding=u, heldout=H_test,
+        heldout_min=size["heldout_min"], return_supports=True)
+    valid = {k: S for k, S in fitted.items() if sup_section[k]["heldout_valid"]}
     geo["heldout_rinf_max"] = float(np.abs(H_test).max())
     geo["heldout_r2_max"] = float(np.linalg.norm(H_test, axis=1).max())
     sup_section["heldout"] = {"n": int(H_test.shape[0]), "seed": int(seed) + 1,

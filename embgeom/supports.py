@@ -1900,7 +1900,7 @@ _REPORT_FITS = {
 
 def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoid", "cone", "box", "box_pca"),
                             unembedding=None, *, quantile=1.0, solver="auto",
-                            return_supports=False):
+                            heldout=None, heldout_min=0.99, return_supports=False):
     """The report's supports section: every shape's parameters and log-volume, and a figure.
 
     Parameters
@@ -1916,6 +1916,13 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
         Adds ``"final_norm"`` (the data-free shell; its log-volume is the enclosing solid's).
     quantile, solver
         Passed to :func:`fit_support`.
+    heldout : array_like of float, shape (M, d), optional
+        Hidden states not used in the fits (e.g. another seed). Every support then gets
+        ``heldout_contained`` (the share of them inside, ``contains(tol=1e-6)``) and
+        ``heldout_valid`` (that share ``>= heldout_min``), and the figure greys out the invalid
+        ones: a support fitted to a sample bounds the model's hidden states only if it also holds
+        the ones it has not seen.
+    heldout_min : float, default 0.99
     return_supports : bool, default False
         Also return the fitted support objects, ``{name: Support}`` (the shapes that could be
         fitted), for the bounds section.
@@ -1974,6 +1981,15 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
             entry["contains_fraction"] = float(shell.contains(H, tol=1e-4).mean())
         section["final_norm"] = entry
         fitted["final_norm"] = shell
+    if heldout is not None:
+        Ht = _check_hidden(heldout, "heldout")
+        if Ht.shape[1] != H.shape[1]:
+            raise ValueError(f"heldout: expected {H.shape[1]} columns, got {Ht.shape[1]}")
+        heldout_min = check_probability(heldout_min, "heldout_min")
+        for name, S in fitted.items():
+            frac = float(np.mean(S.contains(Ht, tol=1e-6)))
+            section[name]["heldout_contained"] = frac
+            section[name]["heldout_valid"] = frac >= heldout_min
     section["figures"] = {"log_volume": str(_plot_log_volumes(section, out_dir / "supports_log_volume.png"))}
     return (section, fitted) if return_supports else section
 
@@ -1986,12 +2002,16 @@ def _plot_log_volumes(section: dict, path):
 
     names = [k for k in section if k != "figures" and "log_volume" in section[k]]
     vals = [section[k]["log_volume"] for k in names]
-    fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(names) + 1.2))
-    ax.barh(names, vals, color="tab:blue")
-    for i, v in enumerate(vals):
-        ax.text(v, i, f" {v:.1f}", va="center", fontsize=8)
+    valid = [section[k].get("heldout_valid", True) for k in names]
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(names) + 1.4))
+    ax.barh(names, vals, color=["tab:blue" if ok else "lightgrey" for ok in valid])
+    for i, (v, ok) in enumerate(zip(vals, valid)):
+        ax.text(v, i, f" {v:.1f}" + ("" if ok else " (misses held-out states)"), va="center",
+                fontsize=8)
+    lo, hi = min(0.0, min(vals)), max(vals)
+    ax.set_xlim(lo, hi + 0.35 * (hi - lo))
     ax.set_xlabel("log-volume (nats)")
-    ax.set_title("Support log-volumes (smaller = tighter bound)")
+    ax.set_title("Support log-volumes (smaller = tighter bound; grey: not a valid support)")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -302,7 +302,8 @@ class CellVolumes:
                    label=f"{self.n_zero} tokens with 0 hits (fraction < {ub:.1e})")
             ax.annotate("0 hits", (xz, self.n_zero), ha="center", va="bottom", fontsize=8)
         ax.set_xlabel("log10 cell-volume fraction")
-        ax.set_ylabel("number of tokens")
+        ax.set_ylabel("number of tokens (log scale)")
+        ax.set_yscale("log")  # the large-cell tail holds few tokens: visible only in logs
         ax.set_title(title or f"decoder cell volumes ({self.n_samples} samples, {self.sampling})")
         ax.legend(fontsize=8)
         if path is not None:

@@ -456,3 +456,19 @@ def test_supports_report_section(tmp_path):
     assert (tmp_path / "supports_log_volume.png").stat().st_size > 0
     with pytest.raises(ValueError, match="unknown"):
         supports_report_section(H, tmp_path, shapes=("sphere",))
+
+
+def test_report_section_heldout_check(tmp_path):
+    """A ball fitted to a small cloud misses far-away held-out points; the section says so."""
+    rng = np.random.default_rng(0)
+    H = rng.standard_normal((200, 5))
+    far = 10.0 * np.eye(5)
+    section, fitted = supports_report_section(H, tmp_path, shapes=("ball", "box"), heldout=far,
+                                              return_supports=True)
+    assert section["ball"]["heldout_contained"] == 0.0 and not section["ball"]["heldout_valid"]
+    inside = fitted["box"].sample(50, seed=1)
+    section, _ = supports_report_section(H, tmp_path, shapes=("box",), heldout=inside,
+                                         return_supports=True)
+    assert section["box"]["heldout_contained"] == 1.0 and section["box"]["heldout_valid"]
+    with pytest.raises(ValueError, match="heldout"):
+        supports_report_section(H, tmp_path, shapes=("ball",), heldout=np.ones((3, 4)))

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from scipy import optimize, signal, special
 
+from ._markdown import md_table as _md_table
 from ._validation import check_array, check_positive, check_positive_int, check_seed
 from .supports import log_cap_fraction
 
@@ -1377,20 +1378,6 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return str(path)
-
-
-def _md_table(header, rows) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}" if np.isfinite(v) else str(v)
-        return str(v)
-
-    def cell(v):
-        return fmt(v).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractions=None,

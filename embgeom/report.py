@@ -10,13 +10,14 @@ Every key of ``report.json`` is documented in ``docs/report.md``.
 from __future__ import annotations
 
 import json
-import math
 import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ._markdown import fmt as _fmt
+from ._markdown import md_table as _md_table
 from ._validation import check_array, check_positive_int, check_seed
 
 __all__ = ["build_report", "hidden_state_summary", "REPORT_SIZES"]
@@ -132,35 +133,6 @@ def _plot_norms(summary: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _fmt(x, nd=4):
-    if x is None:
-        return "—"
-    if isinstance(x, (bool, np.bool_)):
-        return str(bool(x))
-    if isinstance(x, (int, np.integer)):
-        return f"{int(x):,}"
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        if not math.isfinite(x):
-            return str(x)
-        if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
-            return f"{x:.{nd - 1}e}"
-        return f"{x:.{nd}g}"
-    return str(x)
-
-
-def _md_cell(text: str) -> str:
-    """A markdown table cell: ``|`` escaped (token strings and |V| contain it)."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        lines.append("| " + " | ".join(_md_cell(_fmt(v)) for v in r) + " |")
-    return "\n".join(lines)
 
 
 def _json_default(o):

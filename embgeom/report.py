@@ -350,7 +350,10 @@ def _supports_markdown(section: dict, shape) -> str:
             rows.append([name, "not fitted: " + e["error"], None, None, None, None])
             continue
         params = []
-        for key in ("radius", "rinf", "half_angle", "paper_half_angle", "n_dropped", "ridge"):
+        keys = ("radius", "rinf", "half_angle", "paper_half_angle", "n_dropped", "ridge")
+        if name == "final_norm":  # its "radius" is sqrt(d) before the gain: not a norm of h
+            keys = ("gain_abs_min", "gain_abs_max", "eps")
+        for key in keys:
             if e.get(key) is not None and not isinstance(e.get(key), (list, dict)):
                 params.append(f"{key} {_fmt(e[key])}")
         rows.append([name, ", ".join(params) or "—", e["log_volume"], e["log_volume_per_dim"],

@@ -1948,6 +1948,11 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
         raise ValueError(f"shapes: unknown {unknown}; expected names among {tuple(_REPORT_FITS)}")
     H = _check_hidden(H)
     out_dir = Path(out_dir)
+    if heldout is not None:  # checked before anything is fitted or written
+        Ht = _check_hidden(heldout, "heldout")
+        if Ht.shape[1] != H.shape[1]:
+            raise ValueError(f"heldout: expected {H.shape[1]} columns, got {Ht.shape[1]}")
+        heldout_min = check_probability(heldout_min, "heldout_min")
     out_dir.mkdir(parents=True, exist_ok=True)
     section: dict = {}
     fitted: dict = {}
@@ -1982,10 +1987,6 @@ def supports_report_section(H, out_dir, shapes=("ball", "ball_origin", "ellipsoi
         section["final_norm"] = entry
         fitted["final_norm"] = shell
     if heldout is not None:
-        Ht = _check_hidden(heldout, "heldout")
-        if Ht.shape[1] != H.shape[1]:
-            raise ValueError(f"heldout: expected {H.shape[1]} columns, got {Ht.shape[1]}")
-        heldout_min = check_probability(heldout_min, "heldout_min")
         for name, S in fitted.items():
             frac = float(np.mean(S.contains(Ht, tol=1e-6)))
             section[name]["heldout_contained"] = frac

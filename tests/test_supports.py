@@ -472,3 +472,10 @@ def test_report_section_heldout_check(tmp_path):
     assert section["box"]["heldout_contained"] == 1.0 and section["box"]["heldout_valid"]
     with pytest.raises(ValueError, match="heldout"):
         supports_report_section(H, tmp_path, shapes=("ball",), heldout=np.ones((3, 4)))
+
+
+def test_report_section_bad_heldout_writes_nothing(tmp_path):
+    H = np.random.default_rng(0).standard_normal((30, 4))
+    with pytest.raises(ValueError, match="heldout"):
+        supports_report_section(H, tmp_path / "s", shapes=("ball",), heldout=np.full((3, 4), np.nan))
+    assert not (tmp_path / "s").exists()

@@ -47,6 +47,22 @@ def _out_dir(text: str) -> Path:
     return p
 
 
+def _start_token(text: str):
+    """``auto``, ``none`` or a non-negative token id."""
+    low = text.strip().lower()
+    if low in ("auto", "none"):
+        return None if low == "none" else "auto"
+    try:
+        value = int(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto, none or a token id, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a token id >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``embgeom`` argument parser (sub-commands ``report``, ``cram``, ``copy``)."""
     parser = argparse.ArgumentParser(
@@ -99,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     cram.add_argument("--seed", type=int, default=0)
     cram.add_argument("--plot", action="store_true", help="write accessibility and n50 figures")
     cram.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    cram.add_argument("--start-token", type=_start_token, default="auto",
+                      help="token after the memory vectors: auto (the tokenizer's BOS), none, "
+                      "or a token id")
 
     cp = sub.add_parser(
         "copy",
@@ -149,6 +168,7 @@ def _cmd_cram(args) -> dict:
         seed=args.seed,
         plot=args.plot,
         device=args.device,
+        start_token=args.start_token,
     )
 
 

@@ -195,6 +195,50 @@ def _vocab_rows(hf, emb) -> int:
     return n
 
 
+def _resolve_start_token(hf, tok, start_token, vocab: int):
+    """The start token placed after the memory vectors, as an int id, or ``None`` for none.
+
+    ``"auto"``: the tokenizer's ``bos_token_id`` when a tokenizer is known, else the model
+    config's ``bos_token_id``, else ``None``.
+
+    Raises
+    ------
+    TypeError
+        ``start_token`` is not ``"auto"``, ``None`` or an int.
+    ValueError
+        An id outside ``[0, vocab)``.
+    """
+    if isinstance(start_token, str):
+        if start_token != "auto":
+            raise ValueError(f'start_token: expected "auto", None or a token id, got {start_token!r}')
+        cand = getattr(tok, "bos_token_id", None) if tok is not None else None
+        if cand is None:
+            cand = getattr(getattr(hf, "config", None), "bos_token_id", None)
+        if isinstance(cand, (list, tuple)):
+            cand = cand[0] if cand else None
+        if cand is None or not 0 <= int(cand) < vocab:
+            return None
+        return int(cand)
+    if start_token is None:
+        return None
+    if isinstance(start_token, bool) or not isinstance(start_token, (numbers.Integral, np.integer)):
+        raise TypeError(
+            f'start_token: expected "auto", None or an int token id, got {type(start_token).__name__}'
+        )
+    if not 0 <= int(start_token) < vocab:
+        raise ValueError(f"start_token: token id must lie in [0, {vocab}), got {int(start_token)}")
+    return int(start_token)
+
+
+def _prefix(M: torch.Tensor, emb, start: int | None, mdtype) -> torch.Tensor:
+    """``[memory, e(start)]`` (b, m [+1], d) in the model dtype: what generation starts from."""
+    x = M.to(mdtype)
+    if start is None:
+        return x
+    s = emb(torch.full((x.shape[0], 1), start, dtype=torch.long, device=x.device)).to(mdtype)
+    return torch.cat([x, s], dim=1)
+
+
 def _embedding_stats(emb, n_rows: int, *, max_rows: int = 8192, seed: int = 0):
     """Per-coordinate mean and std (float32 (d,)) of the embedding *module's output*.
 
@@ -292,6 +336,8 @@ class CramResult:
     device : str
     wall_s : float
     generation_checked : bool
+    start_token : int or None
+        The token id placed after the memory vectors (see :func:`cram`), or None.
     """
 
     success_teacher_forced: np.ndarray
@@ -306,6 +352,7 @@ class CramResult:
     device: str
     wall_s: float
     generation_checked: bool = True
+    start_token: int | None = None
 
     @property
     def success(self) -> np.ndarray:
@@ -337,6 +384,7 @@ class CramResult:
             "device": self.device,
             "wall_s": self.wall_s,
             "generation_checked": self.generation_checked,
+            "start_token": self.start_token,
             "targets": self.to_records(),
         }
 
@@ -350,6 +398,7 @@ def cram(
     lr: float = 1e-2,
     seed=0,
     init_scale: float = 1.0,
+    start_token="auto",
     betas: tuple[float, float] = (0.9, 0.999),
     adam_eps: float = 1e-8,
     check_generation: bool = True,
@@ -360,8 +409,12 @@ def cram(
     """Optimise ``n_mem`` memory vectors per target so the frozen model emits the target.
 
     B independent soft prompts are optimised in one batch. The model input is
-    ``[mem_1, ..., mem_m, e(x_1), ..., e(x_{n-1})]`` (``inputs_embeds``, teacher forcing); the
-    logits at positions ``m, ..., m+n-1`` (1-based) predict ``x_1, ..., x_n``. The loss is the
+    ``[mem_1, ..., mem_m, e(s), e(x_1), ..., e(x_{n-1})]`` (``inputs_embeds``, teacher forcing)
+    with ``s`` a fixed start token (the tokenizer's BOS by default); the logits at the last n
+    positions predict ``x_1, ..., x_n``. This is the layout of Kuratov et al. (2025), whose
+    memory vectors precede the tokenised text (which starts with BOS) and whose own outputs are
+    not scored. With ``start_token=None`` the input is ``[mem_1, ..., mem_m, e(x_1), ...,
+    e(x_{n-1})]`` and the last memory vector's own output must predict ``x_1``. The loss is the
     *sum over targets* of each target's mean token cross-entropy, and Adam is applied per
     coordinate, so each target's trajectory does not depend on the others in the batch. A
     target stops (its vectors freeze and it leaves the batch) at the first step where its
@@ -389,6 +442,15 @@ def cram(
         Memory vectors start at ``mean + init_scale * std * z``, z standard normal, with the
         per-coordinate mean and std of the embedding module's output over the vocabulary
         (includes any embedding multiplier such as Gemma's sqrt(d)).
+    start_token : "auto", int or None, default "auto"
+        Token id placed after the memory vectors. ``"auto"``: the tokenizer's
+        ``bos_token_id``, else the model config's ``bos_token_id``, else None. It carries no
+        information (the same for every target), so the prompt is still m free vectors. Why it
+        matters: in a pretrained LM the first position is an attention sink whose output hardly
+        depends on its input (SmolLM2-135M: 512 random vectors at position 0 give 2 distinct
+        argmax tokens, 512 random vocabulary tokens give 1); with ``None`` and m = 1 the
+        memory vector must also make that position predict ``x_1``, which stalls cramming at
+        (n-1)/n accuracy.
     betas, adam_eps : Adam constants (same formula as ``torch.optim.Adam``).
     check_generation : bool, default True
         Also check success the user's way: greedy generation of n tokens from the memory
@@ -411,8 +473,8 @@ def cram(
     TypeError
         ``model`` is not a torch module / LoadedModel; ``targets`` not integers; bad ``seed``.
     ValueError
-        ``n_mem < 1``, ``steps < 0``, ``lr <= 0``, empty targets, token ids out of range, or a
-        model without input embeddings.
+        ``n_mem < 1``, ``steps < 0``, ``lr <= 0``, empty targets, token ids out of range
+        (targets or ``start_token``), or a model without input embeddings.
 
     Notes
     -----
@@ -436,10 +498,11 @@ def cram(
     init_scale = check_positive(init_scale, "init_scale", allow_zero=True)
     b1, b2 = (check_probability(b, "betas", open_left=False) for b in betas)
     adam_eps = check_positive(adam_eps, "adam_eps")
-    hf, _, _ = _resolve_model(model)
+    hf, tok, _ = _resolve_model(model)
     emb = _input_embedding(hf)
     vocab = _vocab_rows(hf, emb)
     T_np = _check_targets(targets, vocab)
+    start = _resolve_start_token(hf, tok, start_token, vocab)
     B, n = T_np.shape
     seeds = _per_target_seeds(seed, B)
     device = _check_device(device)
@@ -457,7 +520,11 @@ def cram(
         P = mu + init_scale * sd * torch.as_tensor(z, device=dev)  # float32 (B, m, d)
         T = torch.as_tensor(T_np, device=dev)
         with torch.no_grad():
-            te = emb(T[:, :-1]).to(mdtype)  # (B, n-1, d), constant
+            # constant part of the input, (B, n-1, d) or (B, n, d): [e(s),] e(x_1), ..., e(x_{n-1})
+            te = emb(T[:, :-1]).to(mdtype)
+            if start is not None:
+                s_e = emb(torch.full((B, 1), start, dtype=torch.long, device=dev)).to(mdtype)
+                te = torch.cat([s_e, te], dim=1)
         m1 = torch.zeros_like(P)
         v = torch.zeros_like(P)
         active = torch.arange(B, device=dev)
@@ -511,7 +578,7 @@ def cram(
 
         gen_ok = np.zeros(B, bool)
         if check_generation:
-            gen = greedy_generate(hf, out_mem, n, use_cache=use_cache)
+            gen = greedy_generate(hf, out_mem, n, use_cache=use_cache, start_token=start)
             gen_ok = (gen == T_np).all(1)
 
     return CramResult(
@@ -527,11 +594,16 @@ def cram(
         device=str(dev),
         wall_s=time.perf_counter() - t_start,
         generation_checked=bool(check_generation),
+        start_token=start,
     )
 
 
-def greedy_generate(model, memory, n_tokens: int, *, use_cache: bool = True, batch_size: int = 64):
+def greedy_generate(model, memory, n_tokens: int, *, start_token="auto", use_cache: bool = True,
+                    batch_size: int = 64):
     """Greedy generation from memory vectors alone (no target tokens).
+
+    The model is fed ``[mem_1, ..., mem_m, e(s)]`` (or the memory vectors alone with
+    ``start_token=None``) and emits ``n_tokens`` argmax tokens, each fed back.
 
     Parameters
     ----------
@@ -540,6 +612,9 @@ def greedy_generate(model, memory, n_tokens: int, *, use_cache: bool = True, bat
         Memory vectors on the ``inputs_embeds`` scale (e.g. :attr:`CramResult.memory`).
     n_tokens : int
         Tokens to generate (>= 1).
+    start_token : "auto", int or None, default "auto"
+        The start token after the memory vectors; use the one the memory vectors were crammed
+        with (:attr:`CramResult.start_token`; see :func:`cram`).
     use_cache : bool, default True
         Use the KV cache; False recomputes the whole prefix at each token (slower, for checks).
     batch_size : int, default 64
@@ -556,8 +631,9 @@ def greedy_generate(model, memory, n_tokens: int, *, use_cache: bool = True, bat
     """
     from embgeom._validation import check_array
 
-    hf, _, _ = _resolve_model(model)
+    hf, tokenizer, _ = _resolve_model(model)
     emb = _input_embedding(hf)
+    start = _resolve_start_token(hf, tokenizer, start_token, _vocab_rows(hf, emb))
     n_tokens = check_positive_int(n_tokens, "n_tokens")
     batch_size = check_positive_int(batch_size, "batch_size")
     M = check_array(memory, "memory", ndim=(2, 3), dtype=np.float32)
@@ -571,8 +647,8 @@ def greedy_generate(model, memory, n_tokens: int, *, use_cache: bool = True, bat
     out = np.zeros((M.shape[0], n_tokens), np.int64)
     with _frozen(hf), torch.no_grad():
         for s in range(0, M.shape[0], batch_size):
-            x = torch.as_tensor(M[s : s + batch_size], device=dev).to(mdtype)
-            b, m = x.shape[0], x.shape[1]
+            x = _prefix(torch.as_tensor(M[s : s + batch_size], device=dev), emb, start, mdtype)
+            b, m = x.shape[0], x.shape[1]  # m: prefix length (memory vectors [+ start token])
             toks = []
             if use_cache:
                 logits, o = _logits(hf, x, 1, use_cache=True)
@@ -599,7 +675,7 @@ def greedy_generate(model, memory, n_tokens: int, *, use_cache: bool = True, bat
     return out
 
 
-def teacher_forced_accuracy(model, memory, targets) -> np.ndarray:
+def teacher_forced_accuracy(model, memory, targets, *, start_token="auto") -> np.ndarray:
     """Teacher-forced token accuracy of memory vectors on their targets.
 
     Parameters
@@ -607,6 +683,8 @@ def teacher_forced_accuracy(model, memory, targets) -> np.ndarray:
     model : LoadedModel or HF causal LM
     memory : array_like of float, shape (B, m, d)
     targets : array_like of int, shape (B, n)
+    start_token : "auto", int or None, default "auto"
+        As in :func:`cram` (use the one the memory vectors were crammed with).
 
     Returns
     -------
@@ -615,15 +693,18 @@ def teacher_forced_accuracy(model, memory, targets) -> np.ndarray:
     """
     from embgeom._validation import check_array
 
-    hf, _, _ = _resolve_model(model)
+    hf, tok, _ = _resolve_model(model)
     emb = _input_embedding(hf)
-    T_np = _check_targets(targets, _vocab_rows(hf, emb))
+    vocab = _vocab_rows(hf, emb)
+    T_np = _check_targets(targets, vocab)
+    start = _resolve_start_token(hf, tok, start_token, vocab)
     M = check_array(memory, "memory", ndim=3, dtype=np.float32, shape=(T_np.shape[0], None, None))
     dev, mdtype = _model_device_dtype(hf)
     n = T_np.shape[1]
     with _frozen(hf), torch.no_grad():
         T = torch.as_tensor(T_np, device=dev)
-        x = torch.cat([torch.as_tensor(M, device=dev).to(mdtype), emb(T[:, :-1]).to(mdtype)], 1)
+        x = torch.cat([_prefix(torch.as_tensor(M, device=dev), emb, start, mdtype),
+                       emb(T[:, :-1]).to(mdtype)], 1)
         logits, _ = _logits(hf, x, n, use_cache=False)
         return (logits.argmax(-1) == T).double().mean(1).cpu().numpy()
 
@@ -853,6 +934,7 @@ def accessibility_curve(
     *,
     target_source="random-tokens",
     seed: int = 0,
+    start_token="auto",
     adaptive: bool = False,
     max_length: int = 4096,
     steps: int = 1000,
@@ -884,6 +966,8 @@ def accessibility_curve(
     seed : int, default 0
         Targets use ``default_rng([seed, 0, j, chunk])``; the memory vectors of target j at
         length n start from ``default_rng([seed, 1, n_mem, n, j])``.
+    start_token : "auto", int or None, default "auto"
+        See :func:`cram`; resolved once and recorded in the settings (and their hash).
     adaptive : bool, default False
     max_length : int, default 4096
         Adaptive mode never goes past this length.
@@ -898,6 +982,7 @@ def accessibility_curve(
         Move the model to this device first.
     check_generation : bool, default True
     progress : bool, default True
+        tqdm bars: one over lengths, and one over the Adam steps of each batch of targets.
     **cram_kwargs
         Passed to :func:`cram` (``init_scale``, ``betas``, ``adam_eps``, ``use_cache``); they
         enter the settings hash.
@@ -929,7 +1014,8 @@ def accessibility_curve(
         grid = sorted(set(grid)) if not adaptive else sorted(set(x for x in grid if x <= max_length))
         if not grid:
             raise ValueError(f"lengths: every length exceeds max_length={max_length}")
-    hf, _, name = _resolve_model(model)
+    hf, tokenizer, name = _resolve_model(model)
+    start = _resolve_start_token(hf, tokenizer, start_token, _vocab_rows(hf, _input_embedding(hf)))
     device = _check_device(device)
     if device is not None:
         hf.to(device)
@@ -937,6 +1023,7 @@ def accessibility_curve(
     settings = {
         "model": _model_fingerprint(hf, name),
         "dtype": _dtype_name(mdtype),
+        "start_token": start,
         "steps": steps,
         "lr": lr,
         "seed": seed,
@@ -965,8 +1052,8 @@ def accessibility_curve(
             )
             res = cram(
                 model, T, n_mem, steps=steps, lr=lr,
-                seed=[[seed, _TAG_INIT, n_mem, n, j] for j in idx],
-                check_generation=check_generation, **cram_kwargs,
+                seed=[[seed, _TAG_INIT, n_mem, n, j] for j in idx], start_token=start,
+                check_generation=check_generation, progress=progress, **cram_kwargs,
             )
             lines = []
             for j, rec in zip(idx, res.to_records()):
@@ -1404,6 +1491,7 @@ def run_cram(
     n_boot: int = 200,
     c_theory: float | None = None,
     check_generation: bool = True,
+    start_token="auto",
     progress: bool = True,
 ) -> dict:
     """The ``embgeom cram`` job: accessibility curves for each m, n50, C_emp, files on disk.
@@ -1421,7 +1509,7 @@ def run_cram(
         Numbers of memory vectors m.
     out_dir : str or Path
     lengths, n_targets, steps, lr, seed, adaptive, target_source, max_length, batch_size,
-    device, check_generation : see :func:`accessibility_curve`.
+    device, check_generation, start_token : see :func:`accessibility_curve`.
     plot : bool, default True
     n_boot : int, default 200
         Bootstrap draws of :func:`n50`.
@@ -1460,7 +1548,7 @@ def run_cram(
             model, m, lengths, n_targets, target_source=target_source, seed=seed,
             adaptive=adaptive, max_length=max_length, steps=steps, lr=lr,
             batch_size=batch_size, jsonl=jsonl, check_generation=check_generation,
-            progress=progress,
+            start_token=start_token, progress=progress,
         )
         n50s[m] = n50(curves[m], n_boot=n_boot, seed=seed)
     finite = {m: v for m, v in n50s.items() if np.isfinite(v["n50"])}
@@ -1484,6 +1572,7 @@ def run_cram(
             "n_targets": n_targets, "steps": steps, "lr": lr, "seed": seed, "adaptive": adaptive,
             "target_source": _source_descriptor(target_source), "max_length": max_length,
             "batch_size": batch_size, "n_boot": n_boot,
+            "start_token": next(iter(curves.values())).settings.get("start_token"),
         },
         "curves": {str(m): c.to_dict() for m, c in curves.items()},
         "n50": {str(m): v for m, v in n50s.items()},

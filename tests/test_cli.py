@@ -58,3 +58,17 @@ def test_cram_bad_device_fails_before_loading(capsys, tmp_path, device):
 def test_unknown_model_leaves_no_out_folder(capsys, tmp_path):
     code, _ = _run(capsys, ["report", "--model", "nope", "--out", str(tmp_path / "r")])
     assert code == 2 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text, value", [("auto", "auto"), ("NONE", None), ("7", 7)])
+def test_start_token_flag(text, value):
+    from embgeom.cli import build_parser
+
+    args = build_parser().parse_args(["cram", "--out", "x", "--start-token", text])
+    assert args.start_token == value
+
+
+@pytest.mark.parametrize("text", ["bos", "-1", "1.5"])
+def test_bad_start_token_flag(capsys, text):
+    code, err = _run(capsys, ["cram", "--out", "x", "--start-token", text])
+    assert code == 2 and "start-token" in err and "Traceback" not in err

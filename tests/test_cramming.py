@@ -193,10 +193,62 @@ def test_generation_with_cache_equals_recomputation(tiny):
     a = greedy_generate(tiny, M, 6, use_cache=True)
     b = greedy_generate(tiny, M, 6, use_cache=False)
     np.testing.assert_array_equal(a, b)
-    # the first generated token is the argmax of the memory-only forward pass
+    # the first generated token is the argmax of the forward pass of [memory, e(BOS)]: "auto"
+    # takes the config's bos_token_id (1) when there is no tokenizer
+    assert tiny.config.bos_token_id == 1
+    with torch.no_grad():
+        bos = tiny.get_input_embeddings()(torch.ones(3, 1, dtype=torch.long))
+        x = torch.cat([torch.as_tensor(M), bos], 1)
+        first = tiny(inputs_embeds=x).logits[:, -1].argmax(-1).numpy()
+    np.testing.assert_array_equal(a[:, 0], first)
+    np.testing.assert_array_equal(greedy_generate(tiny, M, 6, start_token=1), a)
+    # without a start token: the argmax of the memory-only forward pass
+    c = greedy_generate(tiny, M, 6, start_token=None, use_cache=True)
+    np.testing.assert_array_equal(c, greedy_generate(tiny, M, 6, start_token=None, use_cache=False))
     with torch.no_grad():
         first = tiny(inputs_embeds=torch.as_tensor(M)).logits[:, -1].argmax(-1).numpy()
-    np.testing.assert_array_equal(a[:, 0], first)
+    np.testing.assert_array_equal(c[:, 0], first)
+
+
+@pytest.mark.parametrize("start_token", ["auto", None, 5])
+def test_teacher_forced_layout(tiny, start_token):
+    """cram's accuracy at step 0 is the argmax of [memory, (e(s)), e(x_1..x_{n-1})] by hand."""
+    T = sample_targets(tiny, 6, 3, seed=2)
+    r = cram(tiny, T, 2, steps=0, seed=0, start_token=start_token, check_generation=False)
+    s = {"auto": 1, None: None, 5: 5}[start_token]
+    assert r.start_token == s and r.to_dict()["start_token"] == s
+    emb = tiny.get_input_embeddings()
+    with torch.no_grad():
+        parts = [torch.as_tensor(r.memory)]
+        if s is not None:
+            parts.append(emb(torch.full((3, 1), s)))
+        parts.append(emb(torch.as_tensor(T[:, :-1])))
+        logits = tiny(inputs_embeds=torch.cat(parts, 1)).logits[:, -6:]
+    acc = (logits.argmax(-1).numpy() == T).mean(1)
+    np.testing.assert_allclose(r.accuracy, acc)
+    np.testing.assert_allclose(teacher_forced_accuracy(tiny, r.memory, T, start_token=start_token), acc)
+
+
+def test_start_token_resolution(tiny):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    resolve = cramming._resolve_start_token
+    assert resolve(tiny, None, "auto", VOCAB) == 1  # config.bos_token_id
+    assert resolve(tiny, SimpleNamespace(bos_token_id=7), "auto", VOCAB) == 7  # tokenizer first
+    assert resolve(tiny, SimpleNamespace(bos_token_id=None), "auto", VOCAB) == 1
+    no_bos = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, bos_token_id=None))
+    assert resolve(no_bos, None, "auto", VOCAB) is None
+    assert resolve(tiny, None, None, VOCAB) is None and resolve(tiny, None, np.int64(3), VOCAB) == 3
+    with pytest.raises(ValueError, match="start_token"):
+        cram(tiny, [[1, 2]], 1, start_token=VOCAB)
+    with pytest.raises(ValueError, match="start_token"):
+        cram(tiny, [[1, 2]], 1, start_token="bos")
+    with pytest.raises(TypeError, match="start_token"):
+        cram(tiny, [[1, 2]], 1, start_token=1.0)
+    with pytest.raises(TypeError, match="start_token"):
+        greedy_generate(tiny, np.zeros((1, 1, D), np.float32), 2, start_token=True)
 
 
 def test_frozen_weights_stay_bit_identical(tiny):

@@ -37,3 +37,16 @@ def test_every_public_callable_has_a_docstring():
             if callable(obj) and not (inspect.getdoc(obj) or "").strip():
                 missing.append(f"{modname}.{name}")
     assert not missing, missing
+
+
+def test_api_doc_is_current():
+    """docs/api.md is generated from __all__ and the docstrings: regenerate it with
+    ``python docs/gen_api.py`` after changing a public signature."""
+    import importlib.util
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    spec = importlib.util.spec_from_file_location("gen_api", docs / "gen_api.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (docs / "api.md").read_text() == gen.render(), "run: python docs/gen_api.py"

@@ -327,6 +327,9 @@ class CramResult:
         Mean teacher-forced cross-entropy per target token (nats/token) at the returned vectors.
     accuracy : numpy.ndarray of float64, shape (B,)
         Teacher-forced token accuracy at the returned vectors, in [0, 1].
+    best_accuracy : numpy.ndarray of float64, shape (B,)
+        The highest teacher-forced token accuracy seen at any step (Adam does not descend
+        monotonically: a failed target can end below its best).
     memory : numpy.ndarray of float32, shape (B, n_mem, d)
         The memory vectors (as ``inputs_embeds``, i.e. on the scale of the embedding module's
         output).
@@ -353,6 +356,7 @@ class CramResult:
     wall_s: float
     generation_checked: bool = True
     start_token: int | None = None
+    best_accuracy: np.ndarray | None = None
 
     @property
     def success(self) -> np.ndarray:
@@ -370,6 +374,9 @@ class CramResult:
                 "steps": int(self.steps[i]),
                 "loss": float(self.loss[i]),
                 "accuracy": float(self.accuracy[i]),
+                "best_accuracy": (
+                    float(self.best_accuracy[i]) if self.best_accuracy is not None else None
+                ),
                 "memory_norm": float(np.linalg.norm(self.memory[i])),
             }
             for i in range(len(self.steps))
@@ -532,6 +539,7 @@ def cram(
         out_steps = np.zeros(B, np.int64)
         out_loss = np.zeros(B, np.float64)
         out_acc = np.zeros(B, np.float64)
+        best = torch.zeros(B, dtype=torch.float64, device=dev)
         out_tf = np.zeros(B, bool)
         out_mem = np.zeros((B, n_mem, d), np.float32)
 
@@ -551,6 +559,7 @@ def cram(
             with torch.no_grad():
                 correct = logits.argmax(-1) == Ta
                 acc = correct.float().mean(1)
+                best[active] = torch.maximum(best[active], acc.double())
                 done = correct.all(1) if t < steps else torch.ones_like(correct[:, 0])
             if bool(done.any()):
                 idx = active[done].cpu().numpy()
@@ -572,7 +581,7 @@ def cram(
                 P = P - lr * (m1 / bc1) / ((v / bc2).sqrt() + adam_eps)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(active=int(active.numel()))
+                bar.set_postfix(active=int(active.numel()), best_acc=f"{float(best.mean()):.2f}")
         if bar is not None:
             bar.close()
 
@@ -587,6 +596,7 @@ def cram(
         steps=out_steps,
         loss=out_loss,
         accuracy=out_acc,
+        best_accuracy=best.cpu().numpy(),
         memory=out_mem,
         n_mem=n_mem,
         length=n,

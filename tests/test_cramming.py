@@ -172,7 +172,7 @@ def test_result_fields_and_both_verdicts(tiny):
     r = cram(tiny, T, 2, steps=STEPS, lr=LR, seed=0)
     assert r.memory.dtype == np.float32 and r.memory.shape == (4, 2, D)
     assert r.success.all()  # 2-token targets with two vectors: all crammable
-    assert (r.steps < STEPS).all() and (r.accuracy == 1).all()
+    assert (r.steps < STEPS).all() and (r.accuracy == 1).all() and (r.best_accuracy == 1).all()
     # the reported accuracy is reproduced from the returned vectors
     np.testing.assert_allclose(teacher_forced_accuracy(tiny, r.memory, T), r.accuracy)
     # generation from the memory vectors alone reproduces the targets
@@ -185,6 +185,29 @@ def test_result_fields_and_both_verdicts(tiny):
     assert not f.success_generation.any()
     rec = f.to_dict()
     assert json.loads(json.dumps(rec))["targets"][0]["steps"] == 20
+
+
+def test_adam_matches_torch_optim_adam(tiny):
+    """cram's per-coordinate Adam is torch.optim.Adam on the sum of per-target mean
+    cross-entropies (a second implementation, same init, 20 steps without early stop)."""
+    T = sample_targets(tiny, 16, 2, seed=0)
+    r0 = cram(tiny, T, 1, steps=0, seed=5, check_generation=False)
+    r = cram(tiny, T, 1, steps=20, lr=LR, seed=5, check_generation=False)
+    assert (r.steps == 20).all() and not r.success.any()
+    assert (r.best_accuracy >= r.accuracy).all() and (r.best_accuracy <= 1).all()
+    emb = tiny.get_input_embeddings()
+    P = torch.tensor(r0.memory).requires_grad_(True)
+    opt = torch.optim.Adam([P], lr=LR)
+    Tt = torch.as_tensor(T)
+    with torch.no_grad():
+        rest = torch.cat([emb(torch.full((2, 1), tiny.config.bos_token_id)), emb(Tt[:, :-1])], 1)
+    for _ in range(20):
+        logits = tiny(inputs_embeds=torch.cat([P, rest], 1)).logits[:, -16:]
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), Tt, reduction="none")
+        (P.grad,) = torch.autograd.grad(loss.mean(1).sum(), P)  # no .grad on the model
+        opt.step()
+    assert np.abs(r.memory - r0.memory).max() > 0.1  # the vectors moved
+    np.testing.assert_allclose(P.detach().numpy(), r.memory, atol=1e-4)
 
 
 def test_generation_with_cache_equals_recomputation(tiny):

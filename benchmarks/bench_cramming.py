@@ -91,8 +91,64 @@ def tiny_slope(steps: int = 100, lr: float = 0.05) -> dict:
     }
 
 
+def attention_sink(lm, n: int = 512, seed: int = 0) -> dict:
+    """How much the first position's output depends on its input: distinct argmax tokens over
+    ``n`` random inputs at position 0 (memory vectors at the embedding scale, or vocabulary
+    tokens), and over the same vectors placed after the start token (BOS) at position 1."""
+    hf = lm.model
+    emb = hf.get_input_embeddings()
+    start = cramming._resolve_start_token(hf, lm.tokenizer, "auto", emb.weight.shape[0])
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        W = emb.weight
+        mu, sd = W.mean(0), W.std(0)
+        P = mu + sd * torch.randn(n, 1, W.shape[1], generator=g)
+        ids = torch.randint(0, W.shape[0], (n, 1), generator=g)
+        distinct = lambda logits: len(set(logits[:, -1].argmax(-1).tolist()))  # noqa: E731
+        out = {
+            "n": n, "start_token": start,
+            "vectors_at_position_0": distinct(hf(inputs_embeds=P, use_cache=False).logits),
+            "tokens_at_position_0": distinct(hf(input_ids=ids, use_cache=False).logits),
+        }
+        if start is not None:
+            x = torch.cat([emb(torch.full((n, 1), start)), P], 1)
+            out["vectors_after_start_token"] = distinct(hf(inputs_embeds=x, use_cache=False).logits)
+    return out
+
+
+def gemm_peak_gflops(size: int = 2048, reps: int = 5) -> float:
+    """float32 GFLOP/s of one large torch.mm (size^3), best of ``reps``: this CPU's roofline."""
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best / 1e9
+
+
+def step_flops(lm, T) -> float:
+    """FLOPs of one cram step (forward + backward to the memory vectors) on targets T.
+
+    Counted by torch.utils.flop_counter.FlopCounterMode as the difference between a 2-step and a
+    1-step cram (each ends with one extra forward for the final check), i.e. one full step.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counts = []
+    for k in (1, 2):
+        with FlopCounterMode(display=False) as fc:
+            cramming.cram(lm, T, 1, steps=k, lr=1e-2, check_generation=False)
+        counts.append(fc.get_total_flops())
+    return float(counts[1] - counts[0])
+
+
 def throughput(lm, n: int = 32, B: int = 8, steps: int = 3, n_single: int = 2) -> dict:
-    """steps x targets per second, batched (B targets) vs one at a time (n_single targets)."""
+    """steps x targets per second, batched (B targets) vs one at a time (n_single targets),
+    and the roofline: how close the batched step is to this CPU's float32 GEMM peak, hence the
+    largest speedup any batching could reach here."""
     T = cramming.sample_targets(lm, n, B, seed=0)
     kw = dict(steps=steps, lr=1e-2, check_generation=False)
     cramming.cram(lm, T[:1], 1, steps=1, lr=1e-2, check_generation=False)  # warm-up
@@ -106,10 +162,18 @@ def throughput(lm, n: int = 32, B: int = 8, steps: int = 3, n_single: int = 2) -
     assert not rb.success.any(), "a 32-token target crammed in 3 steps: the timing is not of full steps"
     batched = steps * B / t_batched
     single = steps * n_single / t_single
+    flops_target = step_flops(lm, T) / B  # FLOPs of one step of one target
+    peak = gemm_peak_gflops() * 1e9
     return {
         "n": n, "B": B, "steps": steps, "threads": torch.get_num_threads(),
         "batched_steps_targets_per_s": batched, "single_steps_targets_per_s": single,
         "speedup": batched / single, "t_batched_s": t_batched, "t_single_s": t_single,
+        "gflop_per_target_step": flops_target / 1e9,
+        "gemm_peak_gflops": peak / 1e9,
+        "batched_fraction_of_peak": batched * flops_target / peak,
+        "single_fraction_of_peak": single * flops_target / peak,
+        # a step cannot run faster than its FLOPs at the GEMM peak: the ceiling of any batching
+        "speedup_ceiling": peak / (single * flops_target),
     }
 
 
@@ -145,12 +209,23 @@ def main(argv=None) -> int:
     report["load_s"] = time.perf_counter() - t0
     print(f"[smollm2] loaded in {report['load_s']:.0f} s ({lm.source_dtype}), "
           f"{torch.get_num_threads()} threads", flush=True)
+    r = attention_sink(lm)
+    report["attention_sink"] = r
+    print(f"[smollm2 attention sink] distinct argmax tokens over {r['n']} random inputs: "
+          f"vectors at position 0 {r['vectors_at_position_0']}, vocabulary tokens at position 0 "
+          f"{r['tokens_at_position_0']}, the same vectors after the start token "
+          f"{r.get('vectors_after_start_token')} (start token {r['start_token']})", flush=True)
     if not args.skip_throughput:
         r = throughput(lm, steps=args.throughput_steps)
         report["throughput"] = r
         print(f"[smollm2 throughput] n=32 m=1: batched B=8 {r['batched_steps_targets_per_s']:.3f} "
               f"steps*targets/s, one at a time {r['single_steps_targets_per_s']:.3f}; "
               f"speedup {r['speedup']:.2f}x (goal >= 4x)", flush=True)
+        print(f"[smollm2 roofline] one target-step = {r['gflop_per_target_step']:.1f} GFLOP "
+              f"(FlopCounterMode); float32 GEMM peak {r['gemm_peak_gflops']:.0f} GFLOP/s; batched "
+              f"runs at {100 * r['batched_fraction_of_peak']:.0f}% of it, one at a time at "
+              f"{100 * r['single_fraction_of_peak']:.0f}%: no batching can beat "
+              f"{r['speedup_ceiling']:.2f}x on this machine", flush=True)
     if not args.skip_accessibility:
         os.makedirs(args.out, exist_ok=True)
         t0 = time.perf_counter()

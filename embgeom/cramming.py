@@ -196,7 +196,7 @@ def _vocab_rows(hf, emb) -> int:
 
 
 def _resolve_start_token(hf, tok, start_token, vocab: int):
-    """The start token placed after the memory vectors, as an int id, or ``None`` for none.
+    """The start token placed before the memory vectors, as an int id, or ``None`` for none.
 
     ``"auto"``: the tokenizer's ``bos_token_id`` when a tokenizer is known, else the model
     config's ``bos_token_id``, else ``None``.
@@ -231,12 +231,12 @@ def _resolve_start_token(hf, tok, start_token, vocab: int):
 
 
 def _prefix(M: torch.Tensor, emb, start: int | None, mdtype) -> torch.Tensor:
-    """``[memory, e(start)]`` (b, m [+1], d) in the model dtype: what generation starts from."""
+    """``[e(start), memory]`` (b, [1 +] m, d) in the model dtype: what generation starts from."""
     x = M.to(mdtype)
     if start is None:
         return x
     s = emb(torch.full((x.shape[0], 1), start, dtype=torch.long, device=x.device)).to(mdtype)
-    return torch.cat([x, s], dim=1)
+    return torch.cat([s, x], dim=1)
 
 
 def _embedding_stats(emb, n_rows: int, *, max_rows: int = 8192, seed: int = 0):
@@ -340,7 +340,7 @@ class CramResult:
     wall_s : float
     generation_checked : bool
     start_token : int or None
-        The token id placed after the memory vectors (see :func:`cram`), or None.
+        The token id placed before the memory vectors (see :func:`cram`), or None.
     """
 
     success_teacher_forced: np.ndarray
@@ -416,12 +416,11 @@ def cram(
     """Optimise ``n_mem`` memory vectors per target so the frozen model emits the target.
 
     B independent soft prompts are optimised in one batch. The model input is
-    ``[mem_1, ..., mem_m, e(s), e(x_1), ..., e(x_{n-1})]`` (``inputs_embeds``, teacher forcing)
-    with ``s`` a fixed start token (the tokenizer's BOS by default); the logits at the last n
-    positions predict ``x_1, ..., x_n``. This is the layout of Kuratov et al. (2025), whose
-    memory vectors precede the tokenised text (which starts with BOS) and whose own outputs are
-    not scored. With ``start_token=None`` the input is ``[mem_1, ..., mem_m, e(x_1), ...,
-    e(x_{n-1})]`` and the last memory vector's own output must predict ``x_1``. The loss is the
+    ``[e(s), mem_1, ..., mem_m, e(x_1), ..., e(x_{n-1})]`` (``inputs_embeds``, teacher forcing)
+    with ``s`` a fixed start token (the tokenizer's BOS by default, as a soft prompt follows BOS
+    in prompt tuning); the logits at the last n positions (the last memory vector and
+    ``x_1 .. x_{n-1}``) predict ``x_1, ..., x_n``. With ``start_token=None`` the input is
+    ``[mem_1, ..., mem_m, e(x_1), ..., e(x_{n-1})]``. The loss is the
     *sum over targets* of each target's mean token cross-entropy, and Adam is applied per
     coordinate, so each target's trajectory does not depend on the others in the batch. A
     target stops (its vectors freeze and it leaves the batch) at the first step where its
@@ -450,14 +449,17 @@ def cram(
         per-coordinate mean and std of the embedding module's output over the vocabulary
         (includes any embedding multiplier such as Gemma's sqrt(d)).
     start_token : "auto", int or None, default "auto"
-        Token id placed after the memory vectors. ``"auto"``: the tokenizer's
+        Token id placed before the memory vectors. ``"auto"``: the tokenizer's
         ``bos_token_id``, else the model config's ``bos_token_id``, else None. It carries no
         information (the same for every target), so the prompt is still m free vectors. Why it
         matters: in a pretrained LM the first position is an attention sink whose output hardly
-        depends on its input (SmolLM2-135M: 512 random vectors at position 0 give 2 distinct
-        argmax tokens, 512 random vocabulary tokens give 1); with ``None`` and m = 1 the
-        memory vector must also make that position predict ``x_1``, which stalls cramming at
-        (n-1)/n accuracy.
+        depends on its input (SmolLM2-135M: 512 random vectors at position 0 give 3 distinct
+        argmax tokens, 512 random vocabulary tokens give 1, the same vectors after BOS give 26;
+        ``benchmarks/bench_cramming.py``). A memory vector at position 0 cannot make its own
+        position predict ``x_1``, and passes little to later positions: on SmolLM2 at n = 8
+        (lr 1e-2), 0 of 8 targets with ``None`` (600 steps; 7 stalled at 7/8), 3 of 8 with BOS
+        *after* the memory vector (Kuratov et al.'s layout, 1000 steps), 6 of 8 with BOS before
+        it (400 steps). See ``docs/cramming.md``.
     betas, adam_eps : Adam constants (same formula as ``torch.optim.Adam``).
     check_generation : bool, default True
         Also check success the user's way: greedy generation of n tokens from the memory
@@ -527,11 +529,11 @@ def cram(
         P = mu + init_scale * sd * torch.as_tensor(z, device=dev)  # float32 (B, m, d)
         T = torch.as_tensor(T_np, device=dev)
         with torch.no_grad():
-            # constant part of the input, (B, n-1, d) or (B, n, d): [e(s),] e(x_1), ..., e(x_{n-1})
+            # constant parts of the input: [e(s)] (B, 1, d) before, e(x_1 .. x_{n-1}) after
             te = emb(T[:, :-1]).to(mdtype)
+            head = None
             if start is not None:
-                s_e = emb(torch.full((B, 1), start, dtype=torch.long, device=dev)).to(mdtype)
-                te = torch.cat([s_e, te], dim=1)
+                head = emb(torch.full((B, 1), start, dtype=torch.long, device=dev)).to(mdtype)
         m1 = torch.zeros_like(P)
         v = torch.zeros_like(P)
         active = torch.arange(B, device=dev)
@@ -550,7 +552,10 @@ def cram(
             bar = tqdm(total=steps, desc=f"cram m={n_mem} n={n}", leave=False)
         for t in range(steps + 1):
             P.requires_grad_(True)
-            x = torch.cat([P.to(mdtype), te[active]], dim=1)
+            parts = [P.to(mdtype), te[active]]
+            if head is not None:
+                parts.insert(0, head[active])
+            x = torch.cat(parts, dim=1)
             logits, _ = _logits(hf, x, n, use_cache=False)  # (b, n, rows)
             Ta = T[active]
             ce = torch.nn.functional.cross_entropy(
@@ -612,7 +617,7 @@ def greedy_generate(model, memory, n_tokens: int, *, start_token="auto", use_cac
                     batch_size: int = 64):
     """Greedy generation from memory vectors alone (no target tokens).
 
-    The model is fed ``[mem_1, ..., mem_m, e(s)]`` (or the memory vectors alone with
+    The model is fed ``[e(s), mem_1, ..., mem_m]`` (the memory vectors alone with
     ``start_token=None``) and emits ``n_tokens`` argmax tokens, each fed back.
 
     Parameters
@@ -623,7 +628,7 @@ def greedy_generate(model, memory, n_tokens: int, *, start_token="auto", use_cac
     n_tokens : int
         Tokens to generate (>= 1).
     start_token : "auto", int or None, default "auto"
-        The start token after the memory vectors; use the one the memory vectors were crammed
+        The start token before the memory vectors; use the one the memory vectors were crammed
         with (:attr:`CramResult.start_token`; see :func:`cram`).
     use_cache : bool, default True
         Use the KV cache; False recomputes the whole prefix at each token (slower, for checks).
@@ -658,7 +663,7 @@ def greedy_generate(model, memory, n_tokens: int, *, start_token="auto", use_cac
     with _frozen(hf), torch.no_grad():
         for s in range(0, M.shape[0], batch_size):
             x = _prefix(torch.as_tensor(M[s : s + batch_size], device=dev), emb, start, mdtype)
-            b, m = x.shape[0], x.shape[1]  # m: prefix length (memory vectors [+ start token])
+            b, m = x.shape[0], x.shape[1]  # m: prefix length ([start token +] memory vectors)
             toks = []
             if use_cache:
                 logits, o = _logits(hf, x, 1, use_cache=True)

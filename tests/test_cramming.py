@@ -200,9 +200,9 @@ def test_adam_matches_torch_optim_adam(tiny):
     opt = torch.optim.Adam([P], lr=LR)
     Tt = torch.as_tensor(T)
     with torch.no_grad():
-        rest = torch.cat([emb(torch.full((2, 1), tiny.config.bos_token_id)), emb(Tt[:, :-1])], 1)
+        bos, rest = emb(torch.full((2, 1), tiny.config.bos_token_id)), emb(Tt[:, :-1])
     for _ in range(20):
-        logits = tiny(inputs_embeds=torch.cat([P, rest], 1)).logits[:, -16:]
+        logits = tiny(inputs_embeds=torch.cat([bos, P, rest], 1)).logits[:, -16:]
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), Tt, reduction="none")
         (P.grad,) = torch.autograd.grad(loss.mean(1).sum(), P)  # no .grad on the model
         opt.step()
@@ -216,12 +216,12 @@ def test_generation_with_cache_equals_recomputation(tiny):
     a = greedy_generate(tiny, M, 6, use_cache=True)
     b = greedy_generate(tiny, M, 6, use_cache=False)
     np.testing.assert_array_equal(a, b)
-    # the first generated token is the argmax of the forward pass of [memory, e(BOS)]: "auto"
+    # the first generated token is the argmax of the forward pass of [e(BOS), memory]: "auto"
     # takes the config's bos_token_id (1) when there is no tokenizer
     assert tiny.config.bos_token_id == 1
     with torch.no_grad():
         bos = tiny.get_input_embeddings()(torch.ones(3, 1, dtype=torch.long))
-        x = torch.cat([torch.as_tensor(M), bos], 1)
+        x = torch.cat([bos, torch.as_tensor(M)], 1)
         first = tiny(inputs_embeds=x).logits[:, -1].argmax(-1).numpy()
     np.testing.assert_array_equal(a[:, 0], first)
     np.testing.assert_array_equal(greedy_generate(tiny, M, 6, start_token=1), a)
@@ -235,17 +235,16 @@ def test_generation_with_cache_equals_recomputation(tiny):
 
 @pytest.mark.parametrize("start_token", ["auto", None, 5])
 def test_teacher_forced_layout(tiny, start_token):
-    """cram's accuracy at step 0 is the argmax of [memory, (e(s)), e(x_1..x_{n-1})] by hand."""
+    """cram's accuracy at step 0 is the argmax of [(e(s)), memory, e(x_1..x_{n-1})] by hand."""
     T = sample_targets(tiny, 6, 3, seed=2)
     r = cram(tiny, T, 2, steps=0, seed=0, start_token=start_token, check_generation=False)
     s = {"auto": 1, None: None, 5: 5}[start_token]
     assert r.start_token == s and r.to_dict()["start_token"] == s
     emb = tiny.get_input_embeddings()
     with torch.no_grad():
-        parts = [torch.as_tensor(r.memory)]
+        parts = [torch.as_tensor(r.memory), emb(torch.as_tensor(T[:, :-1]))]
         if s is not None:
-            parts.append(emb(torch.full((3, 1), s)))
-        parts.append(emb(torch.as_tensor(T[:, :-1])))
+            parts.insert(0, emb(torch.full((3, 1), s)))
         logits = tiny(inputs_embeds=torch.cat(parts, 1)).logits[:, -6:]
     acc = (logits.argmax(-1).numpy() == T).mean(1)
     np.testing.assert_allclose(r.accuracy, acc)
@@ -507,7 +506,7 @@ def test_fit_slope_against_numpy():
 
 @pytest.mark.realmodel
 def test_smollm2_cram_runs_and_learns(smollm2):
-    """A few Adam steps on SmolLM2 (tied embedding, SDPA, KV-cache generation): the memory
+    """40 Adam steps on SmolLM2 (tied embedding, SDPA, KV-cache generation): the memory
     vectors start at the embedding scale, the loss falls, the verdicts are consistent."""
     hf = smollm2.model
     old = torch.get_num_threads()
@@ -515,7 +514,7 @@ def test_smollm2_cram_runs_and_learns(smollm2):
     try:
         T = sample_targets(smollm2, 4, 2, seed=0)
         start = cram(smollm2, T, 1, steps=0, seed=0, check_generation=False)
-        r = cram(smollm2, T, 1, steps=8, lr=1e-2, seed=0)
+        r = cram(smollm2, T, 1, steps=40, lr=1e-2, seed=0)
     finally:
         torch.set_num_threads(old)
     with torch.no_grad():
@@ -523,7 +522,7 @@ def test_smollm2_cram_runs_and_learns(smollm2):
     ratio = np.linalg.norm(start.memory, axis=-1) / float(rows.mean())
     assert ((ratio > 0.5) & (ratio < 2)).all(), ratio  # initialised at the input-embedding scale
     assert r.dtype == "float32" and r.memory.shape == (2, 1, 576)
-    assert (r.loss < start.loss).all(), (start.loss, r.loss)
+    assert (r.loss < start.loss - 1).all(), (start.loss, r.loss)  # nats/token
     np.testing.assert_allclose(teacher_forced_accuracy(smollm2, r.memory, T), r.accuracy)
     gen = greedy_generate(smollm2, r.memory, 4)
     np.testing.assert_array_equal(r.success_generation, (gen == T).all(1))

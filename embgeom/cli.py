@@ -107,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="numbers of memory vectors m to sweep")
     cram.add_argument("--out", type=_out_dir, required=True, help="output folder")
     cram.add_argument("--lengths", type=_positive_int, nargs="+", default=None,
-                      help="target lengths (tokens); default: adaptive search")
+                      help="target lengths (tokens), each run; without it: adaptive search "
+                      "(1, 2, 4, ... while accessibility >= 0.5, then bisection)")
+    cram.add_argument("--adaptive", action="store_true",
+                      help="use --lengths as the coarse grid of the adaptive search")
     cram.add_argument("--n-targets", type=_positive_int, default=8,
                       help="random targets per length")
     cram.add_argument("--steps", type=_positive_int, default=1000, help="Adam steps at most")
@@ -116,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     cram.add_argument("--plot", action="store_true", help="write accessibility and n50 figures")
     cram.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     cram.add_argument("--start-token", type=_start_token, default="auto",
-                      help="token after the memory vectors: auto (the tokenizer's BOS), none, "
-                      "or a token id")
+                      help="token placed before the memory vectors: auto (the tokenizer's BOS), "
+                      "none, or a token id")
 
     cp = sub.add_parser(
         "copy",
@@ -167,6 +170,7 @@ def _cmd_cram(args) -> dict:
         lr=args.lr,
         seed=args.seed,
         plot=args.plot,
+        adaptive=args.lengths is None or args.adaptive,
         device=args.device,
         start_token=args.start_token,
     )

@@ -131,6 +131,11 @@ def _check_device(device):
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} asked for, but this torch has no CUDA device; "
                          "use 'cpu'")
+    if dev.type != "cpu":
+        try:
+            torch.empty(1, device=dev)
+        except (RuntimeError, AssertionError) as exc:
+            raise ValueError(f"device: {device!r} is not usable with this torch ({exc})") from None
     return dev
 
 
@@ -263,6 +268,8 @@ def _check_targets(targets, vocab: int) -> np.ndarray:
     if isinstance(targets, torch.Tensor):
         targets = targets.detach().cpu().numpy()
     arr = np.asarray(targets)
+    if arr.size == 0:
+        raise ValueError(f"targets: expected at least one target of length >= 1, got shape {arr.shape}")
     if arr.dtype == object or arr.dtype.kind not in "iu":
         raise TypeError(f"targets: expected integer token ids, got dtype {arr.dtype}")
     if arr.ndim == 1:
@@ -941,6 +948,18 @@ def _read_jsonl(path) -> dict:
     return done
 
 
+def _append_lines(path, lines: list[str]) -> None:
+    """Append JSON lines to ``path``, first ending a last line that an interrupted run cut short
+    (so a new record never lands on the same line as the fragment)."""
+    with open(path, "a+b") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+        fh.write(("\n".join(lines) + "\n").encode())
+
+
 def accessibility_curve(
     model,
     n_mem: int,
@@ -1080,8 +1099,7 @@ def accessibility_curve(
                 store[(shash, n_mem, n, j)] = rec
                 lines.append(json.dumps(rec))
             if jsonl is not None:
-                with open(jsonl, "a") as fh:
-                    fh.write("\n".join(lines) + "\n")
+                _append_lines(jsonl, lines)
         recs = [store[(shash, n_mem, n, j)] for j in range(n_targets)]
         k = sum(bool(r["success_teacher_forced"]) for r in recs)
         kg = sum(bool(r["success_generation"]) for r in recs)
@@ -1194,11 +1212,12 @@ def n50(curve, *, n_boot: int = 200, seed: int = 0, confidence: float = 0.95, s_
 
     Fits ``p(n) = 1 / (1 + exp((n - n50) / s))`` to the per-length success counts by binomial
     maximum likelihood (``scipy.optimize.minimize``, L-BFGS-B), with the scale ``s`` bounded
-    below by ``s_min`` tokens (lengths are integers: a sharper transition is not resolvable, and
-    the bound makes the fit unique when the data are perfectly separated, where it returns the
-    midpoint of the gap). The interval is a parametric bootstrap: each length's successes are
-    redrawn Binomial(trials, observed fraction) and refitted ``n_boot`` times (seeded);
-    percentile interval.
+    below by ``s_min`` tokens (lengths are integers: a sharper transition is not resolvable).
+    The interval is a parametric bootstrap: each length's successes are redrawn
+    Binomial(trials, observed fraction) and refitted ``n_boot`` times (seeded); percentile
+    interval. Perfectly separated data (every target crammed up to length a, none from the next
+    tested length b) carry no information on where in (a, b) the crossing is: n50 is then the
+    midpoint and the interval is ``[a, b]`` (``separated`` True).
 
     Parameters
     ----------
@@ -1215,7 +1234,8 @@ def n50(curve, *, n_boot: int = 200, seed: int = 0, confidence: float = 0.95, s_
         ``n50`` (tokens; NaN when censored), ``lower``, ``upper`` (bootstrap interval; a
         bootstrap draw with no crossing counts as +inf or -inf), ``scale`` (tokens),
         ``censored`` (None, ``"above"``: accessibility >= 0.5 at every tested length, so
-        n50 > max length; ``"below"``: < 0.5 everywhere), ``n_boot``, ``confidence``.
+        n50 > max length; ``"below"``: < 0.5 everywhere), ``separated`` (bool), ``n_boot``,
+        ``confidence``.
 
     Raises
     ------
@@ -1252,9 +1272,15 @@ def _n50_fit(x, k, N, s_min, rng, n_boot, confidence) -> dict:
     if fit is None:
         censored = "above" if np.all(k / N >= 0.5) else "below"
         return {"n50": float("nan"), "lower": float("nan"), "upper": float("nan"),
-                "scale": float("nan"), "censored": censored, **base}
+                "scale": float("nan"), "censored": censored, "separated": False, **base}
     loc, scale = fit
     p = k / N
+    gap = _separation_gap(x, p)
+    if gap is not None:
+        # every length up to a passes, every length from b fails: the likelihood cannot place
+        # n50 inside (a, b), so report the midpoint and the whole gap, not a bootstrap of zeros
+        return {"n50": 0.5 * (gap[0] + gap[1]), "lower": gap[0], "upper": gap[1],
+                "scale": s_min, "censored": None, "separated": True, **base}
     boots = np.empty(n_boot)
     for b in range(n_boot):
         kb = rng.binomial(N.astype(np.int64), p).astype(np.float64)
@@ -1268,7 +1294,20 @@ def _n50_fit(x, k, N, s_min, rng, n_boot, confidence) -> dict:
         lower, upper = (float(np.quantile(boots, q, method="inverted_cdf")) for q in (a, 1 - a))
     else:
         lower = upper = float("nan")
-    return {"n50": loc, "lower": lower, "upper": upper, "scale": scale, "censored": None, **base}
+    return {"n50": loc, "lower": lower, "upper": upper, "scale": scale, "censored": None,
+            "separated": False, **base}
+
+
+def _separation_gap(x, p):
+    """``(a, b)`` when accessibility is 1 at every length <= a and 0 at every length >= b
+    (a < b adjacent in the data), else None."""
+    ones, zeros = p == 1, p == 0
+    if not (ones | zeros).all():
+        return None
+    i = int(np.argmax(zeros))
+    if i == 0 or not ones[:i].all() or not zeros[i:].all():
+        return None
+    return float(x[i - 1]), float(x[i])
 
 
 def fit_slope(n50_by_m, *, confidence: float = 0.95, c_theory: float | None = None) -> dict:
@@ -1311,8 +1350,21 @@ def fit_slope(n50_by_m, *, confidence: float = 0.95, c_theory: float | None = No
         if isinstance(m, str) and m.strip().isdigit():  # keys of a JSON summary
             m = int(m)
         items.append((check_positive_int(m, "n50_by_m key (m)"), v))
+    seen = [m for m, _ in items]
+    if len(set(seen)) != len(seen):
+        raise ValueError(f"n50_by_m: m given twice (keys {sorted(seen)}, e.g. 1 and '1')")
     for m, v in sorted(items, key=lambda kv: kv[0]):
-        y = v["n50"] if isinstance(v, dict) else v
+        if isinstance(v, dict):
+            if "n50" not in v:
+                raise TypeError(f"n50_by_m: the value for m={m} is a dict without the key 'n50'")
+            y = v["n50"]
+        else:
+            y = v
+        if y is not None and (isinstance(y, (str, bool, np.bool_))
+                              or not isinstance(y, (numbers.Real, np.floating, np.integer))):
+            raise TypeError(f"n50_by_m: n50 for m={m} must be a number, got {type(y).__name__}")
+        if y is not None and np.isfinite(float(y)) and float(y) <= 0:
+            raise ValueError(f"n50_by_m: n50 for m={m} must be > 0 tokens, got {y}")
         if y is None or not np.isfinite(float(y)):
             raise ValueError(
                 f"n50_by_m: n50 for m={m} is not finite ({y}); a censored accessibility curve "
@@ -1458,6 +1510,8 @@ def plot_n50(n50_by_m, fit, path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(5, 4))
     ms = sorted(n50_by_m)
     y = np.array([n50_by_m[m]["n50"] for m in ms], float)
@@ -1469,8 +1523,9 @@ def plot_n50(n50_by_m, fit, path) -> str:
     if fit is not None:
         xx = np.linspace(0, max(ms) * 1.05, 50)
         ax.plot(xx, fit["c_emp"] * xx, "-",
-                label=f"n50 = {fit['c_emp']:.2f} m  (R² {fit['r2']:.3f})")
+                label=f"n50 = {fit['c_emp']:.2f} m  (R² {fit['r2_uncentred']:.3f}, through 0)")
     ax.set_xlabel("memory vectors m")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("n50 (tokens)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
@@ -1544,7 +1599,9 @@ def run_cram(
     if not ms:
         raise ValueError("mems: expected at least one number of memory vectors")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    for parent in (out, *out.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"out_dir: {str(parent)!r} exists and is not a folder")
     if isinstance(model_name, str):
         from embgeom.adapters import load_model
 
@@ -1556,6 +1613,7 @@ def run_cram(
     if device is not None:
         hf.to(device)
     dev, mdtype = _model_device_dtype(hf)
+    out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "cram.jsonl"
     curves, n50s = {}, {}
     for m in ms:
@@ -1598,9 +1656,51 @@ def run_cram(
     }
     summary_path = out / "cram_summary.json"
     files["summary_json"] = str(summary_path)
+    files["summary_md"] = str(out / "cram_summary.md")
+    text = _summary_markdown(summary)
+    (out / "cram_summary.md").write_text(text)
     with open(summary_path, "w") as fh:
         json.dump(_jsonable(summary), fh, indent=2)
+    summary["summary_lines"] = text.splitlines() + ["", *(f"wrote {f}" for f in files.values())]
     return summary
+
+
+def _summary_markdown(summary: dict) -> str:
+    """The readable form of a :func:`run_cram` summary: one table per m, n50s, the fit."""
+    from embgeom._markdown import fmt, md_table
+
+    st = summary["settings"]
+    lines = [
+        f"# Cramming: {summary['model']}",
+        "",
+        f"dtype {summary['dtype']} on {summary['device']}; start token {st.get('start_token')}; "
+        f"Adam lr {st['lr']}, at most {st['steps']} steps; {st['n_targets']} targets per length "
+        f"({st['target_source']}), seed {st['seed']}; wall {summary['wall_s']:.0f} s.",
+    ]
+    for m, c in summary["curves"].items():
+        rows = [
+            [n, f"{k}/{N}", a, f"[{fmt(lo, 3)}, {fmt(hi, 3)}]", f"{kg}/{N}"]
+            for n, k, N, a, lo, hi, kg in zip(c["lengths"], c["successes"], c["trials"],
+                                               c["accessibility"], c["lower"], c["upper"],
+                                               c["successes_generation"])
+        ]
+        r = summary["n50"][m]
+        note = f" (censored {r['censored']})" if r.get("censored") else ""
+        lines += ["", f"## m = {m}", "",
+                  md_table(["length n", "crammed", "accessibility", "95% Wilson", "generation"], rows),
+                  "", f"n50 = {fmt(r['n50'])} tokens [{fmt(r['lower'])}, {fmt(r['upper'])}]{note}"]
+    fit = summary.get("fit")
+    lines += [""]
+    if fit:
+        lines.append(f"C_emp = {fmt(fit['c_emp'])} tokens per vector "
+                     f"[{fmt(fit['c_emp_lower'])}, {fmt(fit['c_emp_upper'])}], R² through the "
+                     f"origin {fmt(fit['r2_uncentred'])} (centred {fmt(fit['r2'])}), affine R² "
+                     f"{fmt(fit['affine']['r2'])}")
+        if "ratio" in fit:
+            lines.append(f"C_theory / C_emp = {fmt(fit['ratio'])}")
+    else:
+        lines.append(f"no slope: {summary.get('fit_error')}")
+    return "\n".join(lines) + "\n"
 
 
 def _jsonable(obj):

@@ -72,3 +72,24 @@ def test_start_token_flag(text, value):
 def test_bad_start_token_flag(capsys, text):
     code, err = _run(capsys, ["cram", "--out", "x", "--start-token", text])
     assert code == 2 and "start-token" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, adaptive", [
+    (["--lengths", "2", "4"], False),
+    (["--lengths", "2", "4", "--adaptive"], True),
+    ([], True),
+])
+def test_cram_lengths_are_run_as_given(monkeypatch, tmp_path, argv, adaptive):
+    """Explicit --lengths are run as given; the adaptive search only without them (or with
+    --adaptive)."""
+    from embgeom import cramming
+
+    seen = {}
+
+    def fake(model, mems, out, **kw):
+        seen.update(kw)
+        return {"summary_lines": ["ok"]}
+
+    monkeypatch.setattr(cramming, "run_cram", fake)
+    assert main(["cram", "--out", str(tmp_path / "c"), *argv]) == 0
+    assert seen["adaptive"] is adaptive and seen["start_token"] == "auto"

@@ -126,8 +126,11 @@ def test_run_cram_files_and_resume(tiny, sweep, monkeypatch):
     assert {r["dtype"] for r in lines} == {"float32"}
     assert len({r["settings_hash"] for r in lines}) == 1
     assert summary["dtype"] == "float32"
-    for name in ("accessibility.png", "n50_vs_m.png", "cram_summary.json"):
+    for name in ("accessibility.png", "n50_vs_m.png", "cram_summary.json", "cram_summary.md"):
         assert (out / name).stat().st_size > 0
+    md = (out / "cram_summary.md").read_text()
+    assert "## m = 4" in md and "C_emp" in md and "| length n |" in md
+    assert summary["summary_lines"][0].startswith("# Cramming")
     on_disk = json.loads((out / "cram_summary.json").read_text())
     assert on_disk["fit"]["c_emp"] == pytest.approx(summary["fit"]["c_emp"])
 
@@ -318,6 +321,8 @@ def test_bad_input(tiny):
         cram(tiny, T, 1.5)
     with pytest.raises(ValueError, match="targets"):
         cram(tiny, np.zeros((0, 3), np.int64), 1)
+    with pytest.raises(ValueError, match="targets: expected at least one"):
+        cram(tiny, [], 1)
     with pytest.raises(ValueError, match="targets"):
         cram(tiny, np.zeros((2, 0), np.int64), 1)
     with pytest.raises(ValueError, match=r"targets: token ids must lie in \[0, 128\)"):
@@ -347,6 +352,11 @@ def test_bad_input(tiny):
         cram("not a model", T, 1)
     with pytest.raises(ValueError, match="lengths"):
         accessibility_curve(tiny, 1, None, 2, adaptive=False, progress=False)
+    with pytest.raises(ValueError, match="device"):
+        cram(tiny, T, 1, device="foo")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match="device"):
+            cramming._check_device("mps")
     with pytest.raises(ValueError, match="target_source"):
         sample_targets(tiny, 3, 2, target_source="poems")
     with pytest.raises(ValueError, match="tokenizer"):
@@ -422,6 +432,28 @@ def _threshold_cram(threshold):
     return fake
 
 
+def test_jsonl_line_cut_short_is_redone_once(tiny, monkeypatch, tmp_path):
+    """An interrupted write leaves a fragment without a newline: the rerun redoes that target
+    on a line of its own, and a third run finds everything done."""
+    calls = []
+
+    def counting(model, targets, n_mem, **kw):
+        calls.append(len(targets))
+        return _threshold_cram(5)(model, targets, n_mem, **kw)
+
+    monkeypatch.setattr(cramming, "cram", counting)
+    J = tmp_path / "c.jsonl"
+    accessibility_curve(tiny, 1, [4], 3, jsonl=J, progress=False)
+    text = J.read_text()
+    J.write_text(text[: text.rstrip("\n").rfind("\n") + 41])  # last line cut to 40 chars
+    c = accessibility_curve(tiny, 1, [4], 3, jsonl=J, progress=False)
+    assert calls == [3, 1] and c.successes.tolist() == [3]
+    lines = J.read_text().splitlines()
+    assert len(lines) == 4 and sum(line.count("settings_hash") for line in lines) == 4
+    accessibility_curve(tiny, 1, [4], 3, jsonl=J, progress=False)
+    assert calls == [3, 1]
+
+
 def test_adaptive_doubles_then_bisects(tiny, monkeypatch):
     monkeypatch.setattr(cramming, "cram", _threshold_cram(5))
     c = accessibility_curve(tiny, 1, None, 3, adaptive=True, max_length=64, progress=False)
@@ -470,6 +502,10 @@ def test_n50_recovers_a_known_logistic():
     assert r8["upper"] - r8["lower"] > r["upper"] - r["lower"]
     below = n50({"lengths": [4, 8], "successes": [1, 0], "trials": [4, 4]})
     assert below["censored"] == "below"
+    # perfectly separated data: the crossing is anywhere in the gap, and the interval says so
+    sep = n50({"lengths": [8, 16, 32], "successes": [1, 1, 0], "trials": [1, 1, 1]})
+    assert (sep["n50"], sep["lower"], sep["upper"], sep["separated"]) == (24.0, 16.0, 32.0, True)
+    assert r["separated"] is False
     with pytest.raises(ValueError, match="curve"):
         n50({"lengths": [4, 8], "successes": [5, 0], "trials": [4, 4]})
     with pytest.raises(TypeError, match="curve"):
@@ -499,6 +535,14 @@ def test_fit_slope_against_numpy():
         fit_slope({1: 3.0, 2: float("nan")})
     with pytest.raises(TypeError):
         fit_slope([3.0, 6.0])
+    with pytest.raises(ValueError, match="twice"):
+        fit_slope({1: 3.0, "1": 5.0, 2: 4.0})
+    with pytest.raises(TypeError, match="'n50'"):
+        fit_slope({1: {"x": 1.0}, 2: 4.0})
+    with pytest.raises(ValueError, match="> 0"):
+        fit_slope({1: -2.0, 2: -4.0})
+    with pytest.raises(TypeError, match="number"):
+        fit_slope({1: "3", 2: 6.0})
 
 
 # ------------------------------------------------------------------ the real model (small)
@@ -528,3 +572,11 @@ def test_smollm2_cram_runs_and_learns(smollm2):
     np.testing.assert_array_equal(r.success_generation, (gen == T).all(1))
     assert (r.success_generation | ~r.success_teacher_forced).all()  # TF success => generation
     assert all(p.grad is None for p in hf.parameters())
+
+
+def test_run_cram_refuses_a_file_as_out_dir(tiny, tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    for out in (f, f / "sub"):
+        with pytest.raises(ValueError, match="out_dir"):
+            run_cram(tiny, [1], out, lengths=[2], n_targets=1, steps=1, progress=False)

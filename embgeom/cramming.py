@@ -538,11 +538,7 @@ def cram(
         P = mu + init_scale * sd * torch.as_tensor(z, device=dev)  # float32 (B, m, d)
         T = torch.as_tensor(T_np, device=dev)
         with torch.no_grad():
-            # constant parts of the input: [e(s)] (B, 1, d) before, e(x_1 .. x_{n-1}) after
-            te = emb(T[:, :-1]).to(mdtype)
-            head = None
-            if start is not None:
-                head = emb(torch.full((B, 1), start, dtype=torch.long, device=dev)).to(mdtype)
+            te = emb(T[:, :-1]).to(mdtype)  # (B, n-1, d), constant
         m1 = torch.zeros_like(P)
         v = torch.zeros_like(P)
         active = torch.arange(B, device=dev)
@@ -561,10 +557,7 @@ def cram(
             bar = tqdm(total=steps, desc=f"cram m={n_mem} n={n}", leave=False)
         for t in range(steps + 1):
             P.requires_grad_(True)
-            parts = [P.to(mdtype), te[active]]
-            if head is not None:
-                parts.insert(0, head[active])
-            x = torch.cat(parts, dim=1)
+            x = torch.cat([_prefix(P, emb, start, mdtype), te[active]], dim=1)
             logits, _ = _logits(hf, x, n, use_cache=False)  # (b, n, rows)
             Ta = T[active]
             ce = torch.nn.functional.cross_entropy(

@@ -28,7 +28,9 @@ Measured here (2 cores; 2026-11-29):
   CPU by FLOP count alone. It is a GPU goal: one target leaves a GPU idle.
 - accessibility, ``--steps 1000 --lr 1e-2``, with another job on the machine part of the time:
   n = 8: 7/8 (both verdicts; 153-313 steps; 357 s); n = 16: 3/8 (498-594 steps; 1052 s);
-  RESULTS_32_64.
+  n = 32: 0/8 (best token accuracy 0.34-0.53; 1451 s); n = 64: 0/8 (best
+  0.06-0.19; 2502 s); whole run 5361 s.
+  n50(1) = 14.3 [9.7, 17.6] tokens for this step budget (the paper allows up to 5000 steps).
 
 Usage::
 

@@ -461,7 +461,7 @@ def cram(
         information (the same for every target), so the prompt is still m free vectors. Why it
         matters: in a pretrained LM the first position is an attention sink whose output hardly
         depends on its input (SmolLM2-135M: 512 random vectors at position 0 give 3 distinct
-        argmax tokens, 512 random vocabulary tokens give 1, the same vectors after BOS give 26;
+        argmax tokens, 512 random vocabulary tokens give 1, the same vectors after BOS give 25;
         ``benchmarks/bench_cramming.py``). A memory vector at position 0 cannot make its own
         position predict ``x_1``, and passes little to later positions: on SmolLM2 at n = 8
         (lr 1e-2), 0 of 8 targets with ``None`` (600 steps; 7 stalled at 7/8), 3 of 8 with BOS

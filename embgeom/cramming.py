@@ -1162,6 +1162,8 @@ def _curve_arrays(curve):
     N = np.asarray(N, np.float64)
     if x.ndim != 1 or x.size == 0 or k.shape != x.shape or N.shape != x.shape:
         raise ValueError("curve: lengths, successes and trials must be 1-D of the same length >= 1")
+    if not (np.isfinite(x).all() and np.isfinite(k).all() and np.isfinite(N).all()):
+        raise ValueError("curve: lengths, successes and trials must be finite (no NaN or inf)")
     if np.any(x <= 0) or np.any(N < 1) or np.any(k < 0) or np.any(k > N):
         raise ValueError("curve: expected lengths > 0, trials >= 1 and 0 <= successes <= trials")
     return x, k, N

@@ -508,6 +508,10 @@ def test_n50_recovers_a_known_logistic():
     assert r["separated"] is False
     with pytest.raises(ValueError, match="curve"):
         n50({"lengths": [4, 8], "successes": [5, 0], "trials": [4, 4]})
+    with pytest.raises(ValueError, match="curve: .* finite"):
+        n50({"lengths": [4, 8], "successes": [1, float("nan")], "trials": [2, 2]})
+    with pytest.raises(ValueError, match="curve: .* finite"):
+        n50({"lengths": [4, float("inf")], "successes": [1, 0], "trials": [2, 2]})
     with pytest.raises(TypeError, match="curve"):
         n50([1, 2, 3])
 

@@ -50,3 +50,17 @@ def test_api_doc_is_current():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert (docs / "api.md").read_text() == gen.render(), "run: python docs/gen_api.py"
+
+
+def test_package_metadata_follows_current_packaging():
+    """SPDX license expression with a LICENSE file (PEP 639), classifiers, URLs, py.typed."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    meta = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert meta["license"] == "MIT"
+    assert (root / "LICENSE").read_text().startswith("MIT License")
+    assert "Typing :: Typed" in meta["classifiers"]
+    assert meta["urls"]["Paper"].startswith("https://arxiv.org/")
+    assert (root / "embgeom" / "py.typed").exists()

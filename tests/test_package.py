@@ -50,3 +50,17 @@ def test_api_doc_is_current():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert (docs / "api.md").read_text() == gen.render(), "run: python docs/gen_api.py"
+
+
+def test_light_imports():
+    """``import embgeom`` and ``embgeom.bounds`` stay light: no torch, scipy.signal, scipy.stats or
+    scikit-learn at import time (the supports, scikit-learn estimators, load on first use)."""
+    code = (
+        "import sys, embgeom, embgeom.bounds\n"
+        "heavy = ('torch', 'scipy.signal', 'scipy.stats', 'sklearn', 'matplotlib')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "embgeom.Ball\n"
+        "print('sklearn' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "True False"], out.stdout

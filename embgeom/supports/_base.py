@@ -63,18 +63,24 @@ def unit_ball_samples(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     return g * r[:, None]
 
 
+def _refuse_sparse(X, name: str):
+    if hasattr(X, "tocsr") and hasattr(X, "nnz"):  # scipy.sparse matrix or array
+        raise TypeError(f"{name}: sparse input is not supported; pass a dense float array (X.toarray())")
+
+
 def check_hidden(H, name: str = "X") -> np.ndarray:
     """Validate points to fit ``(N, d)``: real float32/64, finite, N >= 2, d >= 1; float64 out.
 
-    The messages for zero columns and a single row use scikit-learn's wording
-    (``"0 feature(s)"``, ``"1 sample"``) so that its estimator checks recognise them.
+    The messages for zero columns, a single row and sparse input use scikit-learn's wording
+    (``"0 feature(s)"``, ``"1 sample"``, ``"sparse"``) so that its estimator checks recognise
+    them.
     """
-    shape = np.shape(H)
-    if len(shape) == 2 and shape[1] == 0:
+    _refuse_sparse(H, name)
+    H = check_array(H, name, ndim=2, allow_empty=True)
+    if H.shape[1] == 0:
         raise ValueError(
-            f"{name}: found an array with 0 feature(s) (shape={shape}) while a minimum of 1 is required."
+            f"{name}: found an array with 0 feature(s) (shape={H.shape}) while a minimum of 1 is required."
         )
-    H = check_array(H, name, ndim=2)
     if H.shape[0] < 2:
         raise ValueError(
             f"{name}: a support fit needs at least 2 points, got {H.shape[0]} sample"
@@ -220,9 +226,15 @@ class Support(OutlierMixin, BaseEstimator):
         """Lebesgue volume of the set in ``R^d``, in nats (never overflows)."""
         raise NotImplementedError(f"{type(self).__name__} does not define a volume")
 
-    def _check_points(self, X, name: str = "X") -> np.ndarray:
+    def _check_points(self, X, name: str = "X", *, allow_1d: bool = True) -> np.ndarray:
         self._check_fitted()
+        _refuse_sparse(X, name)
         X = check_array(X, name, ndim=(1, 2))
+        if X.ndim == 1 and not allow_1d:
+            raise ValueError(
+                f"{name}: expected a 2-d array of shape (N, {self.n_features_in_}), got shape "
+                f"{X.shape}. Reshape your data: X.reshape(1, -1) for a single point"
+            )
         if X.ndim == 1:
             X = X[None, :]
         d = self.n_features_in_
@@ -289,7 +301,8 @@ class Support(OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array_like of float, shape (N, d) or (d,)
+        X : array_like of float, shape (N, d)
+            2-d (scikit-learn's rule; :meth:`gauge` and :meth:`contains` also take one point).
 
         Returns
         -------
@@ -298,16 +311,16 @@ class Support(OutlierMixin, BaseEstimator):
         Raises
         ------
         ValueError, TypeError
-            As :meth:`gauge`.
+            As :meth:`gauge`, and a 1-d ``X``.
         """
-        return -self.gauge(X)
+        return -self._gauge(self._check_points(X, allow_1d=False))
 
     def decision_function(self, X) -> np.ndarray:
         """``1 + CONTAINS_TOL - gauge(X)``: ``>= 0`` exactly for points inside (with the slack).
 
         Parameters
         ----------
-        X : array_like of float, shape (N, d) or (d,)
+        X : array_like of float, shape (N, d)
 
         Returns
         -------
@@ -317,7 +330,7 @@ class Support(OutlierMixin, BaseEstimator):
         Raises
         ------
         ValueError, TypeError
-            As :meth:`gauge`.
+            As :meth:`score_samples`.
         """
         return self.score_samples(X) - self.offset_
 
@@ -326,7 +339,7 @@ class Support(OutlierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array_like of float, shape (N, d) or (d,)
+        X : array_like of float, shape (N, d)
 
         Returns
         -------
@@ -336,7 +349,7 @@ class Support(OutlierMixin, BaseEstimator):
         Raises
         ------
         ValueError, TypeError
-            As :meth:`gauge`.
+            As :meth:`score_samples`.
         """
         return np.where(self.decision_function(X) >= 0.0, 1, -1).astype(np.int64)
 

@@ -553,6 +553,7 @@ def test_estimator_api_clone_params_pickle_predict():
         box.predict(np.zeros(2))  # scikit-learn's rule: predict takes 2-d X
 
 
+@pytest.mark.filterwarnings("ignore:Cone. the directions are not contained")
 def test_ready_set_is_not_replaced_by_fit():
     from sklearn.base import clone
 

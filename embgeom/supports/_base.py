@@ -12,8 +12,6 @@ Gaussian measure), its LP description for the exact cell scan, its JSON form. No
 :mod:`embgeom.supports` reads a shape's name.
 """
 
-from __future__ import annotations
-
 import math
 import time
 from typing import NamedTuple

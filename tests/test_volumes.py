@@ -172,3 +172,26 @@ def test_report_section(tmp_path):
     assert f.shape == (7,) and f[6] == 0 and f.sum() == pytest.approx(1.0)
     assert os.path.getsize(out["histogram_path"]) > 1000
     assert len(out["top"]) == 7 and out["top"][0]["token"].startswith("tok")
+
+
+def test_origin_ellipsoid_directions_match_the_exact_sector_shares():
+    """An origin-centred ellipsoid G B with a bias-free decoder: Gaussian directions mapped by G.
+    The cell of +e1 in the 2-d cross polytope is the cone |x2| <= x1; in the ellipse with
+    semi-axes (a, b) its share is atan(a / b) / pi (map to the unit disc)."""
+    from embgeom.supports import Ellipsoid, FinalNormShell
+
+    a, b, n = 2.0, 1.0, 40_000
+    dec = Decoder(cross_polytope(2))  # rows +e1, -e1, +e2, -e2
+    ell = Ellipsoid.from_params(np.zeros(2), np.diag([1 / a**2, 1 / b**2]))
+    truth = np.array([np.arctan(a / b), np.arctan(a / b), np.arctan(b / a), np.arctan(b / a)]) / np.pi
+    cv = cell_volumes(dec, ell, n, seed=0, progress=False)
+    assert cv.sampling == "directions"
+    np.testing.assert_allclose(cv.fractions, truth, atol=5 * np.sqrt(0.25 / n))
+    # the RMSNorm shell with gains (a, b) has the same solid: same shares
+    shell = FinalNormShell.from_params("rmsnorm", np.array([a, b]))
+    cs = cell_volumes(dec, shell, n, seed=1, progress=False)
+    assert cs.sampling == "directions"
+    np.testing.assert_allclose(cs.fractions, truth, atol=5 * np.sqrt(0.25 / n))
+    # an off-centre ellipsoid has no G: the estimator samples the support's points
+    assert cell_volumes(dec, Ellipsoid.from_params(np.ones(2), np.eye(2)), 10, seed=0,
+                        progress=False).sampling == "support"

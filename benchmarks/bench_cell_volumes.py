@@ -105,7 +105,7 @@ def main(argv=None):
                     (xb.shape[0], wb.shape[0]), dtype=np.float32)
                 np.matmul(xb, wb.T, out=o)
 
-    ball = Ball(radius=1.0, dim=d)
+    ball = Ball.from_params(None, 1.0, dim=d)
     timers = {
         "ours (assign)": lambda: dec.assign(X),
         "ours (cell_volumes)": lambda: cell_volumes(dec, ball, args.n, seed=0, batch_size=args.n, progress=False),

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 import importlib as _importlib
 
-from . import bounds, cells, supports, volumes
+from . import bounds, cells, volumes
 from .bounds import (
     accessible_fraction_bound,
     accessible_log_count,
@@ -27,21 +27,18 @@ from .bounds import (
     threshold_length_unbounded,
 )
 from .cells import Decoder
-from .supports import (
-    Ball,
-    Box,
-    Cone,
-    Ellipsoid,
-    FinalNormShell,
-    Support,
-    fit_support,
-    support_from_final_norm,
-)
 from .volumes import CellVolumes, cell_volumes
 
 # The torch-using modules are imported on first use, so that ``import embgeom`` (the geometry)
-# stays light and works without touching torch.
-_LAZY = ("adapters", "cramming", "copying", "report", "cli")
+# stays light and works without touching torch. The supports are scikit-learn estimators, and
+# scikit-learn pulls in scipy.stats (about 0.3 s): they too are imported on first use
+# (``embgeom.Ball``, ``embgeom.supports``).
+_LAZY = ("adapters", "cramming", "copying", "report", "cli", "supports")
+_LAZY_NAMES = {
+    name: "supports"
+    for name in ("Ball", "Box", "Cone", "Ellipsoid", "FinalNormShell", "Support", "fit_support",
+                 "support_from_final_norm")
+}
 
 
 def __getattr__(name):
@@ -49,11 +46,15 @@ def __getattr__(name):
         module = _importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
+    if name in _LAZY_NAMES:
+        value = getattr(_importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'embgeom' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_NAMES))
 
 
 __all__ = [
@@ -78,7 +79,6 @@ __all__ = [
     "precision_eps",
     "slope_bound",
     "support_from_final_norm",
-    "supports",
     "theorem45_log_count",
     "threshold_length_unbounded",
     "volumes",

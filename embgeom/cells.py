@@ -366,11 +366,12 @@ class Decoder:
         Parameters
         ----------
         support : Support, optional
-            Restrict ``h`` to a support. Exact for a :class:`~embgeom.supports.Box` (rotated or
-            not; box constraints) and, when ``bias`` is None, for any support that is star-shaped
-            about an interior origin (origin-centred ball, origin-centred ellipsoid, the final-norm
-            shell without bias): cells are cones, so the answer is that of the whole space.
-            Other supports raise ``TypeError``.
+            Restrict ``h`` to a support. Exact for a support given by linear constraints
+            (``support.lp_region()`` not None: a :class:`~embgeom.supports.Box`, rotated or not)
+            and, when ``bias`` is None, for any support with ``support.star_about_origin()``
+            (origin-centred ball, origin-centred ellipsoid, the RMSNorm final-norm shell without
+            bias): cells are cones, so the answer is that of the whole space. Other supports
+            (and a LayerNorm shell, which is flat) raise ``TypeError``.
         tokens : array_like of int, optional
             Only decide these token ids (default all).
         witness_steps : int, default 30
@@ -425,7 +426,8 @@ class Decoder:
         support : Box, optional
             Bounding region. Default: the box ``[-radius, radius]^d`` (cells with ``b = 0`` are
             unbounded cones: the centre is then the deepest point of the cone inside that box).
-            A :class:`~embgeom.supports.Box` adds its box constraints; other supports raise.
+            A support with linear constraints (``support.lp_region()``: a
+            :class:`~embgeom.supports.Box`) adds them; other supports raise ``TypeError``.
         radius : float, default 1.0
             Half-width of the default box.
         max_iter : int, default 200
@@ -476,7 +478,7 @@ class UnargmaxableResult:
     seconds : float
         Wall time.
     support : str
-        ``"none"`` or the support's shape.
+        ``"none"`` or the support's class name (``"Box"``, ``"Ball"``, ...).
     """
 
     tokens: np.ndarray
@@ -534,44 +536,37 @@ class _Region:
     directions: bool  # witnesses are directions of a cone (bias ignored), not points
 
 
-def _star_about_origin(support) -> bool:
-    """Supports that contain a neighbourhood of the origin and every ray from it meets."""
-    shape = getattr(support, "shape", None)
-    if shape == "ball":
-        return bool(getattr(support, "origin_centred", False))
-    if shape == "ellipsoid":
-        c = getattr(support, "center_", None)
-        return c is not None and not np.any(c)
-    if shape == "final_norm":
-        return getattr(support, "bias_", None) is None and bool(np.all(np.asarray(getattr(support, "gain_", 1.0)) != 0))
-    return False
-
-
 def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, radius: float = 1.0) -> _Region:
+    """Where the exact scan looks: the support answers through ``lp_region()`` (a box of linear
+    constraints) or ``star_about_origin()`` (a bias-free decoder's cells are cones)."""
     d = W64.shape[1]
     ones = np.ones(d)
     if support is None:
         return _Region(W64, b64, -radius * ones, radius * ones, b64 is not None, None, "none", True)
-    dim = getattr(support, "dim", None)
-    if dim is None:
-        raise TypeError(f"support: expected a Support (with .dim, .shape), got {type(support).__name__}")
-    if int(dim) != d:
-        raise ValueError(f"support: has dimension {dim}, the decoder's hidden size is d={d}")
-    shape = getattr(support, "shape", None)
-    if shape == "box":
-        R = getattr(support, "rotation_", None)
-        lb = np.asarray(support.lower_, dtype=np.float64)
-        ub = np.asarray(support.upper_, dtype=np.float64)
+    if not all(hasattr(type(support), m) for m in ("lp_region", "star_about_origin")):
+        raise TypeError(
+            "support: expected an embgeom.supports.Support (with .dim, .lp_region(), "
+            f".star_about_origin()), got {type(support).__name__}"
+        )
+    if int(support.dim) != d:
+        raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={d}")
+    label = type(support).__name__
+    box = support.lp_region()
+    if box is not None:
+        R = box.rotation
+        lb = np.asarray(box.lower, dtype=np.float64)
+        ub = np.asarray(box.upper, dtype=np.float64)
         Wr = W64 if R is None else W64 @ np.asarray(R, dtype=np.float64).T
-        return _Region(np.ascontiguousarray(Wr), b64, lb, ub, False, R, "box", False)
-    if b64 is None and _star_about_origin(support):
+        return _Region(np.ascontiguousarray(Wr), b64, lb, ub, False, R, label, False)
+    if b64 is None and support.star_about_origin():
         # cells are cones with apex 0 and the support meets every ray from an interior origin:
         # a cell meets the support's interior iff it has an interior at all
-        return _Region(W64, None, -radius * ones, radius * ones, False, None, str(shape), True)
+        return _Region(W64, None, -radius * ones, radius * ones, False, None, label, True)
     raise TypeError(
-        f"support: the exact scan handles no support, a Box, or (bias None) a support star-shaped "
-        f"about an interior origin (origin-centred ball/ellipsoid, final-norm shell); got shape "
-        f"{shape!r}" + (" with a bias" if b64 is not None else "")
+        f"support: the exact scan handles no support, a support with linear constraints (Box), or "
+        f"(bias None) a support star-shaped about an interior origin (origin-centred ball or "
+        f"ellipsoid, RMSNorm final-norm shell without bias); got {label}"
+        + (" with a bias" if b64 is not None else "")
     )
 
 
@@ -595,7 +590,7 @@ def _witness_pass(dec_u: Decoder, Y: np.ndarray, ts: np.ndarray, region: _Region
     hn = np.linalg.norm(H32.astype(np.float64), axis=1)
     err = _gamma(dec_u.dim + 2, _UNIT_ROUNDOFF32) * (row_max * hn + bias_max) * 1.01 + 1e-30
     ok = (i1 == ts) & ((b1.astype(np.float64) - b2.astype(np.float64)) > 2.0 * err)
-    if region.name == "box":
+    if not region.directions:  # points in a box region: they must lie inside it
         lb, ub = region.lb, region.ub
         Yc = H32.astype(np.float64) if region.R is None else H32.astype(np.float64) @ region.R.T
         ok &= np.all((Yc >= lb) & (Yc <= ub), axis=1)
@@ -821,11 +816,10 @@ def _chebyshev_center(dec: Decoder, t, support, *, radius: float, max_iter: int)
         raise ValueError(f"t: expected a token id in [0, {V}), got {t}")
     W64 = dec.W_.astype(np.float64)
     b64 = None if dec.bias_ is None else dec.bias_.astype(np.float64)
-    if support is not None and getattr(support, "shape", None) != "box":
-        if getattr(support, "dim", d) != d:
-            raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={d}")
-        raise TypeError("support: chebyshev_center handles None (a box of half-width radius) or a Box")
     region = _region(dec, support, W64, b64, radius=radius)
+    if support is not None and region.directions:
+        raise TypeError("support: chebyshev_center handles None (a box of half-width radius) or a "
+                        "support with linear constraints (Box)")
     Wr, c = region.Wr, region.c
     wt = Wr[t]
     ct = 0.0 if c is None else c[t]

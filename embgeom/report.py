@@ -350,9 +350,7 @@ def _supports_markdown(section: dict, shape) -> str:
             rows.append([name, "not fitted: " + e["error"], None, None, None, None])
             continue
         params = []
-        keys = ("radius", "rinf", "half_angle", "paper_half_angle", "n_dropped", "ridge")
-        if name == "final_norm":  # its "radius" is sqrt(d) before the gain: not a norm of h
-            keys = ("gain_abs_min", "gain_abs_max", "eps")
+        keys = e["summary_keys"]  # each shape names its own (the shell: its gains, not sqrt(d))
         for key in keys:
             if e.get(key) is not None and not isinstance(e.get(key), (list, dict)):
                 params.append(f"{key} {_fmt(e[key])}")

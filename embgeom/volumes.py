@@ -331,17 +331,21 @@ def cell_volumes(
     a numba kernel. Chunk ``i`` draws from child ``i`` of ``numpy.random.SeedSequence(seed)``,
     so the result depends on ``seed`` and ``batch_size`` only, not on timing or threads.
 
-    When the decoder has no bias and the support is an origin-centred ball, every cell is a cone
-    with apex at the origin and its volume fraction in the ball equals its solid-angle fraction
-    (THEORY.md, "Decoder cells"): then only Gaussian directions are drawn (float32, no radius),
-    the same estimate more cheaply (``sampling="directions"``).
+    When the decoder has no bias and the support is an origin-centred ellipsoid ``G B``
+    (``support.origin_ellipsoid_map()`` returns ``G``: an origin-centred ball or ellipsoid, the
+    final-norm shell without bias), every cell is a cone with apex at the origin and its share of
+    ``G B`` is the Gaussian measure of ``{x : G x in the cell}`` (THEORY.md, "Decoder cells"):
+    then only Gaussian directions are drawn (float32) and mapped by ``G`` (not at all when ``G``
+    is a multiple of the identity, the ball), the same estimate more cheaply
+    (``sampling="directions"``).
 
     Parameters
     ----------
     decoder : Decoder
     support : Support
-        Anything with ``dim``, ``sample(n, seed)`` (uniform points, float64 (n, d)) and
-        ``log_volume`` (nats); see :mod:`embgeom.supports`.
+        Anything with ``dim``, ``sample(n, seed)`` (uniform points, float64 (n, d)),
+        ``origin_ellipsoid_map()`` (``G`` (d, d) or None) and ``log_volume`` (nats); see
+        :mod:`embgeom.supports`.
     n_samples : int
         Number of points (>= 1).
     seed : None, int, or numpy.random.SeedSequence
@@ -359,7 +363,8 @@ def cell_volumes(
     Raises
     ------
     TypeError
-        ``decoder`` not a Decoder, ``support`` without ``dim``/``sample``, bad seed or counts
+        ``decoder`` not a Decoder, ``support`` without ``dim``/``sample``/``origin_ellipsoid_map``,
+        bad seed or counts
         types.
     ValueError
         ``n_samples <= 0``, support of another dimension, the support's samples of the wrong
@@ -371,8 +376,11 @@ def cell_volumes(
         raise TypeError(f"decoder: expected an embgeom.cells.Decoder, got {type(decoder).__name__}")
     n_samples = check_positive_int(n_samples, "n_samples")
     batch_size = check_positive_int(batch_size, "batch_size")
-    if not (hasattr(support, "dim") and hasattr(support, "sample")):
-        raise TypeError(f"support: expected a Support with .dim and .sample, got {type(support).__name__}")
+    if not all(hasattr(support, a) for a in ("dim", "sample", "origin_ellipsoid_map")):
+        raise TypeError(
+            "support: expected a Support with .dim, .sample and .origin_ellipsoid_map, got "
+            f"{type(support).__name__}"
+        )
     if int(support.dim) != decoder.dim:
         raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={decoder.dim}")
     if interval not in ("clopper-pearson", "wilson"):
@@ -388,11 +396,17 @@ def cell_volumes(
         log_vol = float(support.log_volume)
     except (AttributeError, RuntimeError):
         log_vol = float("nan")
-    directions = (
-        decoder.bias_ is None
-        and getattr(support, "shape", None) == "ball"
-        and bool(getattr(support, "origin_centred", False))
-    )
+    G = support.origin_ellipsoid_map() if decoder.bias_ is None else None
+    directions = G is not None
+    G32 = None  # None: G is a multiple of the identity, directions need no map
+    if directions:
+        G = np.asarray(G, dtype=np.float64)
+        if G.shape != (decoder.dim, decoder.dim):
+            raise ValueError(f"support.origin_ellipsoid_map: returned shape {G.shape}, expected "
+                             f"{(decoder.dim, decoder.dim)}")
+        diag = np.diag(G)
+        if not (np.count_nonzero(G - np.diag(diag)) == 0 and np.all(diag == diag[0]) and diag[0] > 0):
+            G32 = np.ascontiguousarray(G.T, dtype=np.float32)
     t0 = time.perf_counter()
     n_chunks = -(-n_samples // batch_size)
     children = root.spawn(n_chunks)
@@ -403,6 +417,8 @@ def cell_volumes(
         rng = np.random.default_rng(child)
         if directions:
             X = rng.standard_normal((m, decoder.dim), dtype=np.float32)
+            if G32 is not None:
+                X = X @ G32
         else:
             X = np.asarray(support.sample(m, seed=rng))
             if X.shape != (m, decoder.dim):

@@ -182,7 +182,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="overflow"):
         dec.assign(np.full((1, 3), 1e39))  # finite float64, overflows float32
     with pytest.raises(ValueError, match="dimension"):
-        dec.unargmaxable(Ball(radius=1.0, dim=4), progress=False)
+        dec.unargmaxable(Ball.from_params(None, 1.0, dim=4), progress=False)
     with pytest.raises(ValueError, match="t"):
         dec.chebyshev_center(3)
 
@@ -259,7 +259,7 @@ def test_unargmaxable_in_a_box_vs_sampling():
     rng = np.random.default_rng(8)
     W = rng.standard_normal((30, 2)).astype(np.float32)
     b = (0.5 * rng.standard_normal(30)).astype(np.float32)
-    box = Box(np.array([-0.5, -1.0]), np.array([1.0, 0.25]))
+    box = Box.from_params(np.array([-0.5, -1.0]), np.array([1.0, 0.25]))
     dec = Decoder(W, b)
     res = dec.unargmaxable(box, progress=False)
     hit = set(np.unique(dec.assign(box.sample(300_000, seed=1))).tolist())
@@ -292,7 +292,7 @@ def test_unargmaxable_unsupported_support():
     W = planted(2, 20, seed=3)
     dec = Decoder(W)
     np.testing.assert_array_equal(
-        dec.unargmaxable(Ball(radius=2.0, dim=2), progress=False).tokens, dec.unargmaxable(progress=False).tokens
+        dec.unargmaxable(Ball.from_params(None, 2.0, dim=2), progress=False).tokens, dec.unargmaxable(progress=False).tokens
     )
 
 

@@ -64,3 +64,17 @@ def test_package_metadata_follows_current_packaging():
     assert "Typing :: Typed" in meta["classifiers"]
     assert meta["urls"]["Paper"].startswith("https://arxiv.org/")
     assert (root / "embgeom" / "py.typed").exists()
+
+
+def test_light_imports():
+    """``import embgeom`` and ``embgeom.bounds`` stay light: no torch, scipy.signal, scipy.stats or
+    scikit-learn at import time (the supports, scikit-learn estimators, load on first use)."""
+    code = (
+        "import sys, embgeom, embgeom.bounds\n"
+        "heavy = ('torch', 'scipy.signal', 'scipy.stats', 'sklearn', 'matplotlib')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "embgeom.Ball\n"
+        "print('sklearn' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "True False"], out.stdout

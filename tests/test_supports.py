@@ -10,6 +10,7 @@ import types
 import numpy as np
 import pytest
 from scipy import special, stats
+from sklearn.exceptions import NotFittedError
 
 from embgeom.supports import (
     Ball,
@@ -94,8 +95,8 @@ def test_ball_log_volume_closed_form_d576():
     np.testing.assert_allclose(ball.center_, 5.0, atol=1e-6 * r)
     by_hand = d / 2 * math.log(math.pi) - math.lgamma(d / 2 + 1) + d * math.log(r)
     assert ball.log_volume == pytest.approx(by_hand, rel=1e-10, abs=1e-8)
-    assert Ball(np.zeros(d), r).log_volume == pytest.approx(by_hand, rel=1e-13)
-    assert math.isfinite(Ball(None, 1e-3, dim=4096).log_volume)
+    assert Ball.from_params(np.zeros(d), r).log_volume == pytest.approx(by_hand, rel=1e-13)
+    assert math.isfinite(Ball.from_params(None, 1e-3, dim=4096).log_volume)
     # L-infinity radius: the coordinate extremes are +-r
     assert ball.rinf_ == pytest.approx(r, rel=1e-9)
 
@@ -223,15 +224,15 @@ def _share_check(S, lo, hi, n, seed, rotation=None):
 
 def test_sample_uniform_ball_ellipsoid_box_cone():
     n = 200_000
-    _share_check(Ball(np.array([1.0, -2.0, 0.5]), 2.0), [1.0, -2.0, 0.5], [2.0, -1.0, 1.5], n, 0)
-    ell = Ellipsoid(np.zeros(3), np.diag([1 / 4.0, 1.0, 1 / 9.0]))
+    _share_check(Ball.from_params(np.array([1.0, -2.0, 0.5]), 2.0), [1.0, -2.0, 0.5], [2.0, -1.0, 1.5], n, 0)
+    ell = Ellipsoid.from_params(np.zeros(3), np.diag([1 / 4.0, 1.0, 1 / 9.0]))
     _share_check(ell, [0.0, 0.0, 0.0], [1.0, 0.5, 1.0], n, 1)
     R = _rotation(3, np.random.default_rng(0))
-    box = Box([0.0, 0.0, 0.0], [1.0, 2.0, 3.0], rotation=R)
+    box = Box.from_params([0.0, 0.0, 0.0], [1.0, 2.0, 3.0], rotation=R)
     _share_check(box, [0.2, 0.5, 1.0], [0.7, 1.5, 2.0], n, 2, rotation=R)
-    cone = Cone(np.array([0.0, 0.0, 1.0]), 0.6, 1.0)
+    cone = Cone.from_params(np.array([0.0, 0.0, 1.0]), 0.6, 1.0)
     _share_check(cone, [-0.1, -0.1, 0.5], [0.1, 0.1, 0.7], n, 3)
-    wide = Cone(np.array([0.0, 0.0, 1.0]), 2.2, 1.0)  # half-angle above pi/2
+    wide = Cone.from_params(np.array([0.0, 0.0, 1.0]), 2.2, 1.0)  # half-angle above pi/2
     _share_check(wide, [-0.2, -0.2, -0.1], [0.2, 0.2, 0.3], n, 4)
     # a 3-d cone's volume by hand: r^3 (2 pi / 3) (1 - cos alpha)
     assert cone.log_volume == pytest.approx(math.log(2 * math.pi / 3 * (1 - math.cos(0.6))), rel=1e-12)
@@ -240,7 +241,7 @@ def test_sample_uniform_ball_ellipsoid_box_cone():
 @pytest.mark.parametrize("alpha", [0.3, 0.1])  # 0.1: the cap's mass underflows betainc's range
 def test_narrow_cone_sampling_high_dim_matches_exact_angle_law(alpha):
     d = 576
-    cone = Cone(np.eye(d)[0], alpha, 1.0)
+    cone = Cone.from_params(np.eye(d)[0], alpha, 1.0)
     X = cone.sample(4000, seed=0)
     assert cone.contains(X, tol=1e-9).all()
     th = np.arctan2(np.linalg.norm(X[:, 1:], axis=1), X[:, 0])
@@ -271,7 +272,7 @@ def test_log_cap_fraction_closed_forms_and_range():
         f1, f2 = np.exp(log_cap_fraction([0.7, math.pi - 0.7], d))
         assert f1 + f2 == pytest.approx(1.0, rel=1e-12)
     # the log-space series agrees with betainc where both are representable
-    from embgeom.supports import _log_betainc_small
+    from embgeom._special import log_betainc_small as _log_betainc_small
 
     x = np.array([0.05, 0.2, 0.5])
     np.testing.assert_allclose(_log_betainc_small(40.0, 0.5, x), np.log(special.betainc(40.0, 0.5, x)), rtol=1e-11)
@@ -318,24 +319,24 @@ def test_final_norm_shell_synthetic(kind):
 
 def test_final_norm_log_area_exact_cases():
     d = 40
-    shell = FinalNormShell("rmsnorm", np.full(d, 0.5))
+    shell = FinalNormShell.from_params("rmsnorm", np.full(d, 0.5))
     r = math.sqrt(d) * 0.5
     want = math.log(2) + d / 2 * math.log(math.pi) - math.lgamma(d / 2) + (d - 1) * math.log(r)
     assert shell.log_area == pytest.approx(want, rel=1e-12)
-    ellipse = FinalNormShell("rmsnorm", np.array([2.0, 1.0]) / math.sqrt(2))  # semi-axes 2 and 1
+    ellipse = FinalNormShell.from_params("rmsnorm", np.array([2.0, 1.0]) / math.sqrt(2))  # semi-axes 2 and 1
     perimeter = 4 * 2.0 * special.ellipe(1 - 1 / 4.0)
     assert ellipse.log_area == pytest.approx(math.log(perimeter), abs=0.01)
 
 
 def test_final_norm_bad_input():
     with pytest.raises(ValueError, match="zero"):
-        FinalNormShell("rmsnorm", np.array([1.0, 0.0, 2.0]))
+        FinalNormShell.from_params("rmsnorm", np.array([1.0, 0.0, 2.0]))
     with pytest.raises(ValueError, match="no final norm"):
         support_from_final_norm(types.SimpleNamespace(norm=types.SimpleNamespace(kind=None, weight=None, bias=None, eps=0.0)))
     with pytest.raises(TypeError):
         support_from_final_norm(np.ones(3))
     with pytest.raises(ValueError, match="kind"):
-        FinalNormShell("batchnorm", np.ones(3))
+        FinalNormShell.from_params("batchnorm", np.ones(3))
 
 
 def test_real_smollm2_hidden_states_lie_on_final_norm_shell(smollm2_hidden, smollm2_unembedding):
@@ -395,7 +396,7 @@ def test_bad_input_errors():
         S.contains(rng.standard_normal((3, 5)))
     with pytest.raises(TypeError, match="float16"):
         S.contains(H.astype(np.float16))
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(NotFittedError, match="not fitted"):
         Ball().contains(H)
     with pytest.raises(ValueError, match="zero width"):
         Box().fit(np.column_stack([H[:, 0], np.ones(50)]))
@@ -407,15 +408,15 @@ def test_bad_input_errors():
     flat = Box(rotation="pca", min_width=1e-6).fit(few)
     assert flat.widened_ == [4, 5, 6, 7] and flat.contains(few, tol=1e-9).all()
     with pytest.raises(ValueError, match="upper"):
-        Box([0.0, 1.0], [1.0, 1.0])
+        Box.from_params([0.0, 1.0], [1.0, 1.0])
     with pytest.raises(ValueError, match="positive definite"):
-        Ellipsoid(np.zeros(2), np.diag([1.0, -1.0]))
+        Ellipsoid.from_params(np.zeros(2), np.diag([1.0, -1.0]))
     with pytest.raises(ValueError, match="half_angle"):
-        Cone(np.ones(3), 4.0, 1.0)
+        Cone.from_params(np.ones(3), 4.0, 1.0)
     with pytest.raises(ValueError):
-        Ball(np.zeros(3), -1.0)
+        Ball.from_params(np.zeros(3), -1.0)
     with pytest.raises(ValueError, match="dim"):
-        Ball(None, 1.0)
+        Ball.from_params(None, 1.0)
     with pytest.raises(ValueError):
         log_cap_fraction(-0.1, 5)
 
@@ -427,7 +428,7 @@ def test_cone_beyond_half_space_warns_and_contains():
         cone = Cone().fit(H)
     assert not cone.optimal_ and cone.half_angle_ > math.pi / 2
     assert cone.contains(H, tol=1e-9).all()
-    assert cone.log_volume <= Ball(None, cone.radius_, dim=3).log_volume + 1e-12
+    assert cone.log_volume <= Ball.from_params(None, cone.radius_, dim=3).log_volume + 1e-12
 
 
 def test_to_dict_json_and_estimator_conventions():
@@ -479,3 +480,181 @@ def test_report_section_bad_heldout_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="heldout"):
         supports_report_section(H, tmp_path / "s", shapes=("ball",), heldout=np.full((3, 4), np.nan))
     assert not (tmp_path / "s").exists()
+
+
+# ---------------------------------------------------------------- scikit-learn estimator API
+_SKLEARN_NOT_APPLICABLE = {
+    "check_estimators_dtypes": "integer X is refused with TypeError on purpose (embgeom's check_array "
+                               "rule: hidden states are real floats; an int array is a caller's mistake)",
+    "check_classifier_data_not_an_array": "it feeds integer X, refused with TypeError (same rule)",
+    "check_dtype_object": "object arrays are refused with TypeError (only real float32/float64)",
+    "check_complex_data": "complex X is a wrong dtype, so TypeError (project rule), not the ValueError "
+                          "scikit-learn expects",
+}
+_ENCLOSES_EVERY_POINT = ("quantile=1 encloses every training point by construction, so predict on the "
+                         "training set has no -1; the quantile=0.95 instance runs this check")
+
+
+def _expected_failed_checks(est):
+    out = dict(_SKLEARN_NOT_APPLICABLE)
+    if not isinstance(est, FinalNormShell) and est.get_params()["quantile"] == 1.0:
+        out["check_outliers_train"] = _ENCLOSES_EVERY_POINT
+        out["check_outliers_fit_predict"] = _ENCLOSES_EVERY_POINT
+    return out
+
+
+from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@parametrize_with_checks(
+    [Ball(), Ball(centering="origin"), Ball(quantile=0.95), Box(), Box(rotation="pca", quantile=0.95),
+     Ellipsoid(), Ellipsoid(quantile=0.95), Cone(), Cone(quantile=0.95), FinalNormShell()],
+    expected_failed_checks=_expected_failed_checks,
+)
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+def test_estimator_api_clone_params_pickle_predict():
+    import pickle
+
+    from sklearn.base import clone
+
+    rng = np.random.default_rng(3)
+    H = rng.standard_normal((120, 3))
+    est = Ellipsoid(tol=1e-8, quantile=0.9)
+    assert est.get_params() == {"quantile": 0.9, "solver": "auto", "tol": 1e-8, "ridge": None,
+                                "max_iter": 1_000_000, "progress": False}
+    assert not hasattr(est, "n_features_in_")  # __init__ stores options only
+    with pytest.raises(NotFittedError):
+        est.predict(H)
+    with pytest.raises(NotFittedError):
+        est.log_volume  # noqa: B018
+    fitted = est.fit(H, y=None)
+    assert fitted is est and est.n_features_in_ == 3
+    twin = clone(est)
+    assert twin.get_params() == est.get_params() and not hasattr(twin, "center_")
+    back = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(back.shape_matrix_, est.shape_matrix_)
+    assert back.log_volume == est.log_volume
+    np.testing.assert_array_equal(back.predict(H), est.predict(H))
+    # predict on known points: +1 inside, -1 outside, decision >= 0 exactly inside
+    ball = Ball.from_params(np.array([1.0, 0.0]), 2.0)
+    X = np.array([[1.0, 0.0], [2.9, 0.0], [3.1, 0.0], [1.0, -2.5]])
+    np.testing.assert_array_equal(ball.predict(X), [1, 1, -1, -1])
+    np.testing.assert_allclose(ball.score_samples(X), -np.array([0.0, 0.95, 1.05, 1.25]))
+    np.testing.assert_allclose(ball.decision_function(X), 1 + 1e-9 - np.array([0.0, 0.95, 1.05, 1.25]))
+    assert ball.predict(X).dtype.kind == "i"
+    box = Box.from_params(-np.ones(2), np.ones(2))
+    np.testing.assert_array_equal(box.predict(np.array([[0.5, -0.99], [0.5, 1.01]])), [1, -1])
+    np.testing.assert_array_equal(box.fit_predict is not None, True)
+    with pytest.raises(ValueError, match="Reshape"):
+        box.predict(np.zeros(2))  # scikit-learn's rule: predict takes 2-d X
+
+
+@pytest.mark.filterwarnings("ignore:Cone. the directions are not contained")
+def test_ready_set_is_not_replaced_by_fit():
+    from sklearn.base import clone
+
+    H = np.random.default_rng(0).standard_normal((50, 3))
+    for ready in (Ball.from_params(np.zeros(3), 1.0), Box.from_params(-np.ones(3), np.ones(3)),
+                  Ellipsoid.from_params(np.zeros(3), np.eye(3)), Cone.from_params(np.ones(3), 0.5, 1.0),
+                  FinalNormShell.from_params("rmsnorm", np.ones(3))):
+        before = ready.log_volume
+        with pytest.raises(ValueError, match="from_params"):
+            ready.fit(H)
+        assert ready.log_volume == before and ready.solver_ in ("given", "closed_form")
+        fresh = clone(ready).fit(H)  # the unfitted estimator with the same options fits
+        assert fresh.n_samples_ == 50
+    # a rotated box keeps its rotation as the fit option of its clone
+    R = np.array([[0.0, 1.0], [1.0, 0.0]])
+    rb = clone(Box.from_params(np.zeros(2), np.ones(2), rotation=R)).fit(np.eye(2) + 0.5)
+    np.testing.assert_array_equal(rb.rotation_, R)
+
+
+# ---------------------------------------------------------------- the shapes answer for themselves
+def test_packing_bound_terms_by_hand():
+    d, r, eps = 5, 3.0, 0.25
+    t = Ball.from_params(np.full(d, 7.0), r).packing_bound_terms(eps)
+    assert t["paper"] == pytest.approx(d * math.log(1 + 2 * r / eps), rel=1e-14)
+    assert t["v2_ball"] == t["paper"]
+    j = np.arange(d + 1)
+    steiner = np.sum(special.comb(d, j) * np.exp(log_unit_ball_volume(d - j)) * (r / eps) ** (d - j))
+    assert t["vinf_steiner"] == pytest.approx(math.log(steiner), rel=1e-12)
+    a = np.array([1.0, 0.5, 2.0])
+    tb = Box.from_params(np.zeros(3), a).packing_bound_terms(eps)
+    assert tb == pytest.approx({"paper": float(np.sum(np.log1p(a / eps))),
+                                "vinf_box": float(np.sum(np.log1p(a / eps)))}, rel=1e-14)
+    tc = Cone.from_params(np.eye(3)[0], math.pi / 2, r).packing_bound_terms(eps)
+    assert tc["paper"] == pytest.approx(3 * math.log(1 + 2 * r / eps) + math.log(0.5), rel=1e-14)
+    te = Ellipsoid.from_params(np.zeros(2), np.diag([1 / 9.0, 1.0])).packing_bound_terms(0.2)
+    # axis-aligned ellipse + square of side eps: pi a b + 2 (a + b) eps + eps^2
+    assert te["vinf_projections_aligned"] == pytest.approx(
+        math.log(1 + 2 * 4.0 / 0.2 + math.pi * 3.0 / 0.04), rel=1e-12)
+    ts = FinalNormShell.from_params("rmsnorm", np.full(4, 0.5)).packing_bound_terms(eps)
+    tsb = Ellipsoid.from_params(np.zeros(4), np.eye(4)).packing_bound_terms(eps)  # semi-axes sqrt(4) 0.5
+    assert ts == pytest.approx(tsb, rel=1e-12)
+    with pytest.raises(ValueError, match="eps"):
+        Ball.from_params(np.zeros(2), 1.0).packing_bound_terms(0.0)
+
+
+def test_origin_ellipsoid_map_and_regions():
+    d = 3
+    rng = np.random.default_rng(0)
+    ball = Ball.from_params(None, 2.0, dim=d)
+    np.testing.assert_array_equal(ball.origin_ellipsoid_map(), 2.0 * np.eye(d))
+    assert ball.star_about_origin() and ball.lp_region() is None
+    assert Ball.from_params(np.ones(d), 2.0).origin_ellipsoid_map() is None
+    A = np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 0.5]])
+    ell = Ellipsoid.from_params(np.zeros(d), A)
+    G = ell.origin_ellipsoid_map()
+    np.testing.assert_allclose(G @ A @ G, np.eye(d), atol=1e-12)  # G = A^{-1/2}
+    np.testing.assert_allclose(G, G.T, atol=1e-14)
+    np.testing.assert_allclose(ell.gauge(_sphere(200, d, rng) @ G.T), 1.0, rtol=1e-12)  # G S^{d-1} = boundary
+    g = np.array([0.5, 2.0, -1.0])
+    rms = FinalNormShell.from_params("rmsnorm", g)
+    np.testing.assert_allclose(rms.origin_ellipsoid_map(), math.sqrt(d) * np.diag(g))
+    assert rms.star_about_origin()
+    ln = FinalNormShell.from_params("layernorm", g)
+    Gl = ln.origin_ellipsoid_map()
+    assert np.linalg.matrix_rank(Gl) == d - 1  # flat: the outputs lie in a hyperplane
+    U = rng.standard_normal((50, d))
+    U -= U.mean(axis=1, keepdims=True)
+    U /= np.linalg.norm(U, axis=1, keepdims=True)  # unit vectors orthogonal to 1: G U is the shell
+    assert ln.contains(U @ Gl.T, tol=1e-9).all()
+    assert not ln.star_about_origin()
+    assert FinalNormShell.from_params("rmsnorm", g, bias=np.ones(d)).origin_ellipsoid_map() is None
+    cone, box = Cone.from_params(np.ones(d), 0.4, 1.0), Box.from_params(-np.ones(d), 2 * np.ones(d))
+    assert cone.origin_ellipsoid_map() is None and not cone.star_about_origin() and cone.lp_region() is None
+    reg = box.lp_region()
+    np.testing.assert_array_equal(reg.lower, -np.ones(d))
+    np.testing.assert_array_equal(reg.upper, 2 * np.ones(d))
+    assert reg.rotation is None and box.origin_ellipsoid_map() is None
+
+
+def test_no_shape_string_branching_outside_supports():
+    """Only embgeom/supports/ may look at a support's shape name (cvxpy's atoms: nothing outside
+    branches on an atom's name). A grep of the library and the benchmarks."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    shapes = r"(ball|box|ellipsoid|cone|final_norm|final_norm_shell|shell|sphere|cube)"
+    patterns = [
+        re.compile(r"\.shape\s*(==|!=)\s*[\"']"),  # support.shape == "ball"
+        re.compile(r"\.shape\s+in\s*[(\[{]\s*[\"']"),  # support.shape in ("ball", ...)
+        re.compile(r"getattr\(\s*support"),
+        re.compile(r"[\"']shape[\"']\s*\)\s*(==|!=)"),  # getattr(x, "shape", None) == ...
+        re.compile(r"(==|!=)\s*[\"']" + shapes + r"[\"']"),
+        re.compile(r"[\"']" + shapes + r"[\"']\s*(==|!=)"),
+    ]
+    hits = []
+    files = [p for p in (root / "embgeom").rglob("*.py") if "supports" not in p.relative_to(root).parts]
+    files += list((root / "benchmarks").glob("*.py"))
+    for path in files:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if any(p.search(code) for p in patterns):
+                hits.append(f"{path.relative_to(root)}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)

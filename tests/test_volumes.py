@@ -29,6 +29,9 @@ class TinyBall:
         g /= np.linalg.norm(g, axis=1, keepdims=True)
         return self.r * g * rng.uniform(size=(n, 1)) ** (1.0 / self.dim)
 
+    def origin_ellipsoid_map(self):
+        return None  # no fast path: the estimator samples this stand-in's points
+
 
 def cross_polytope(d):
     return np.vstack([np.vstack([e, -e]) for e in np.eye(d)]).astype(np.float32)
@@ -38,14 +41,14 @@ def cross_polytope(d):
 def test_cross_polytope_fractions(d):
     dec = Decoder(cross_polytope(d))
     truth = 1.0 / (2 * d)
-    for support in (Ball(radius=2.0, dim=d), Box(-np.ones(d), np.ones(d)), TinyBall(d)):
+    for support in (Ball.from_params(None, 2.0, dim=d), Box.from_params(-np.ones(d), np.ones(d)), TinyBall(d)):
         cv = cell_volumes(dec, support, 20_000, seed=1, progress=False)
         assert cv.counts.sum() == 20_000 and cv.counts.dtype == np.int64
         assert cv.fractions.sum() == pytest.approx(1.0, abs=1e-12)
         assert np.all((cv.lower <= cv.fractions) & (cv.fractions <= cv.upper))
         np.testing.assert_allclose(cv.fractions, truth, atol=5 * np.sqrt(truth * (1 - truth) / 20_000))
-    assert cell_volumes(dec, Ball(radius=2.0, dim=d), 10, seed=0, progress=False).sampling == "directions"
-    assert cell_volumes(dec, Box(-np.ones(d), np.ones(d)), 10, seed=0, progress=False).sampling == "support"
+    assert cell_volumes(dec, Ball.from_params(None, 2.0, dim=d), 10, seed=0, progress=False).sampling == "directions"
+    assert cell_volumes(dec, Box.from_params(-np.ones(d), np.ones(d)), 10, seed=0, progress=False).sampling == "support"
 
 
 @pytest.mark.parametrize("method", ["clopper-pearson", "wilson"])
@@ -55,7 +58,7 @@ def test_interval_coverage_over_50_seeds(method):
     truth = 1.0 / (2 * d)
     cover = []
     for seed in range(50):
-        cv = cell_volumes(dec, Ball(radius=1.0, dim=d), 400, seed=seed, interval=method, progress=False)
+        cv = cell_volumes(dec, Ball.from_params(None, 1.0, dim=d), 400, seed=seed, interval=method, progress=False)
         cover.append((cv.lower[0] <= truth) & (truth <= cv.upper[0]))
     assert np.mean(cover) >= 0.90
 
@@ -75,13 +78,13 @@ def test_d2_random_w_exact_sectors():
     assert exact.sum() == pytest.approx(1.0)
     dec = Decoder(W.astype(np.float32))
     n = 200_000
-    cv = cell_volumes(dec, Ball(radius=1.0, dim=2), n, seed=4, progress=False)
+    cv = cell_volumes(dec, Ball.from_params(None, 1.0, dim=2), n, seed=4, progress=False)
     # W rounded to float32 moves the boundaries by ~1e-7: negligible against 5 sigma
     sigma = np.sqrt(exact * (1 - exact) / n)
     assert np.all(np.abs(cv.fractions - exact) <= 5 * sigma + 1e-12)
     assert np.all(cv.counts[exact == 0] == 0)
     # the square is not rotation invariant (other fractions), but interior tokens stay empty
-    cvb = cell_volumes(dec, Box(-np.ones(2), np.ones(2)), 20_000, seed=5, progress=False)
+    cvb = cell_volumes(dec, Box.from_params(-np.ones(2), np.ones(2)), 20_000, seed=5, progress=False)
     assert np.all(cvb.counts[exact == 0] == 0)
 
 
@@ -90,7 +93,7 @@ def test_seeding_chunks_and_log_volumes():
     W = rng.standard_normal((30, 4)).astype(np.float32)
     b = rng.standard_normal(30).astype(np.float32)
     dec = Decoder(W, b)
-    box = Box(-np.ones(4), 2 * np.ones(4))
+    box = Box.from_params(-np.ones(4), 2 * np.ones(4))
     a = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
     c = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
     np.testing.assert_array_equal(a.counts, c.counts)
@@ -117,7 +120,7 @@ def test_binomial_interval_zero_hits_and_bounds():
 
 def test_histogram_and_top(tmp_path):
     dec = Decoder(np.vstack([cross_polytope(3), np.zeros((2, 3), np.float32)]))  # 2 empty cells
-    cv = cell_volumes(dec, Ball(radius=1.0, dim=3), 3000, seed=0, progress=False)
+    cv = cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 3000, seed=0, progress=False)
     assert cv.n_zero == 2 and cv.upper[-1] > 0
     path = tmp_path / "h.png"
     ax = cv.histogram(path=path)
@@ -132,19 +135,19 @@ def test_histogram_and_top(tmp_path):
 def test_bad_input():
     dec = Decoder(cross_polytope(3))
     with pytest.raises(ValueError, match="n_samples"):
-        cell_volumes(dec, Ball(radius=1.0, dim=3), 0, progress=False)
+        cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 0, progress=False)
     with pytest.raises(ValueError, match="n_samples"):
-        cell_volumes(dec, Ball(radius=1.0, dim=3), -5, progress=False)
+        cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), -5, progress=False)
     with pytest.raises(TypeError, match="n_samples"):
-        cell_volumes(dec, Ball(radius=1.0, dim=3), 10.0, progress=False)
+        cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 10.0, progress=False)
     with pytest.raises(ValueError, match="dimension"):
-        cell_volumes(dec, Ball(radius=1.0, dim=4), 10, progress=False)
+        cell_volumes(dec, Ball.from_params(None, 1.0, dim=4), 10, progress=False)
     with pytest.raises(TypeError, match="support"):
         cell_volumes(dec, object(), 10, progress=False)
     with pytest.raises(TypeError, match="decoder"):
-        cell_volumes(cross_polytope(3), Ball(radius=1.0, dim=3), 10, progress=False)
+        cell_volumes(cross_polytope(3), Ball.from_params(None, 1.0, dim=3), 10, progress=False)
     with pytest.raises(ValueError, match="interval"):
-        cell_volumes(dec, Ball(radius=1.0, dim=3), 10, interval="normal", progress=False)
+        cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 10, interval="normal", progress=False)
 
     class NaNSupport(TinyBall):
         def sample(self, n, seed=None):
@@ -161,7 +164,7 @@ def test_report_section(tmp_path):
         def convert_ids_to_tokens(self, ids):
             return [f"tok{i}" for i in ids]
 
-    out = cells_report_section(Decoder(W), Ball(radius=1.0, dim=3), 2000, 0, tmp_path / "rep", Tok(), progress=False)
+    out = cells_report_section(Decoder(W), Ball.from_params(None, 1.0, dim=3), 2000, 0, tmp_path / "rep", Tok(), progress=False)
     json.dumps(out)
     assert out["unargmaxable"]["n_unargmaxable"] == 1 and out["unargmaxable"]["unargmaxable"] == [6]
     assert out["unargmaxable"]["tokens"] == ["tok6"]
@@ -169,3 +172,26 @@ def test_report_section(tmp_path):
     assert f.shape == (7,) and f[6] == 0 and f.sum() == pytest.approx(1.0)
     assert os.path.getsize(out["histogram_path"]) > 1000
     assert len(out["top"]) == 7 and out["top"][0]["token"].startswith("tok")
+
+
+def test_origin_ellipsoid_directions_match_the_exact_sector_shares():
+    """An origin-centred ellipsoid G B with a bias-free decoder: Gaussian directions mapped by G.
+    The cell of +e1 in the 2-d cross polytope is the cone |x2| <= x1; in the ellipse with
+    semi-axes (a, b) its share is atan(a / b) / pi (map to the unit disc)."""
+    from embgeom.supports import Ellipsoid, FinalNormShell
+
+    a, b, n = 2.0, 1.0, 40_000
+    dec = Decoder(cross_polytope(2))  # rows +e1, -e1, +e2, -e2
+    ell = Ellipsoid.from_params(np.zeros(2), np.diag([1 / a**2, 1 / b**2]))
+    truth = np.array([np.arctan(a / b), np.arctan(a / b), np.arctan(b / a), np.arctan(b / a)]) / np.pi
+    cv = cell_volumes(dec, ell, n, seed=0, progress=False)
+    assert cv.sampling == "directions"
+    np.testing.assert_allclose(cv.fractions, truth, atol=5 * np.sqrt(0.25 / n))
+    # the RMSNorm shell with gains (a, b) has the same solid: same shares
+    shell = FinalNormShell.from_params("rmsnorm", np.array([a, b]))
+    cs = cell_volumes(dec, shell, n, seed=1, progress=False)
+    assert cs.sampling == "directions"
+    np.testing.assert_allclose(cs.fractions, truth, atol=5 * np.sqrt(0.25 / n))
+    # an off-centre ellipsoid has no G: the estimator samples the support's points
+    assert cell_volumes(dec, Ellipsoid.from_params(np.ones(2), np.eye(2)), 10, seed=0,
+                        progress=False).sampling == "support"

@@ -1,0 +1,81 @@
+"""Precision: the smallest difference a float format resolves at a given magnitude."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .._validation import check_positive, check_positive_int
+
+__all__ = ["FORMAT_BITS", "precision_eps"]
+
+#: Significant bits (mantissa + implicit bit) of the float formats.
+FORMAT_BITS: dict[str, int] = {
+    "float64": 53, "fp64": 53, "double": 53,
+    "float32": 24, "fp32": 24, "float": 24, "single": 24,
+    "tf32": 11,
+    "float16": 11, "fp16": 11, "half": 11,
+    "bfloat16": 8, "bf16": 8,
+}
+
+
+def _format_bits(dtype_or_bits) -> int:
+    if isinstance(dtype_or_bits, bool):
+        raise TypeError("dtype_or_bits: expected a dtype, a format name or an int of bits, got bool")
+    if isinstance(dtype_or_bits, (numbers.Integral, np.integer)):
+        return check_positive_int(dtype_or_bits, "dtype_or_bits")
+    if isinstance(dtype_or_bits, str):
+        key = dtype_or_bits
+    else:
+        try:
+            key = np.dtype(dtype_or_bits).name
+        except TypeError:
+            key = str(dtype_or_bits)  # e.g. torch.float32 -> "torch.float32" (no torch import)
+    key = key.strip().lower().replace("torch.", "").replace("numpy.", "").replace("np.", "")
+    if key not in FORMAT_BITS:
+        raise ValueError(
+            f"dtype_or_bits: unknown float format {dtype_or_bits!r}; expected an int of "
+            f"significant bits or one of {sorted(FORMAT_BITS)}"
+        )
+    return FORMAT_BITS[key]
+
+
+def precision_eps(radius, dtype_or_bits) -> float:
+    """The precision ``eps = radius * 2**-bits`` of a float format at magnitude ``radius``.
+
+    Parameters
+    ----------
+    radius : float
+        The largest coordinate magnitude (the paper's ``r_inf``), > 0.
+    dtype_or_bits : int, str, numpy dtype or torch dtype
+        Significant bits (mantissa plus the implicit bit), or a format: float32 24, bfloat16 8,
+        float16 11, float64 53 (names as in :data:`FORMAT_BITS`; ``torch.float32`` is read by
+        name, torch is never imported).
+
+    Returns
+    -------
+    float
+        ``eps`` in the units of ``radius``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``radius <= 0``, non-finite, an unknown format, or bits < 1.
+
+    Notes
+    -----
+    The paper's convention ``eps = r_inf 2^-11`` (THEORY.md, "Precision") is ``bits=11``. With
+    ``p`` significant bits the spacing of floats near ``r`` is between ``r 2^-p`` and
+    ``r 2^(1-p)``; ``r 2^-p`` is the smaller (so the count it gives is the larger, conservative).
+
+    Examples
+    --------
+    >>> precision_eps(2.0, 11) == 2.0 / 2048
+    True
+    >>> precision_eps(1.0, "bfloat16")
+    0.00390625
+    """
+    r = check_positive(radius, "radius")
+    bits = _format_bits(dtype_or_bits)
+    return r * 2.0 ** (-bits)

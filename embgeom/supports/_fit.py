@@ -1,0 +1,80 @@
+"""The functional front door :func:`fit_support` and the registry of fittable shapes.
+
+Adding a shape: write its module (a :class:`~embgeom.supports._base.Support` subclass) and add
+one line to :data:`SHAPES`.
+"""
+
+from __future__ import annotations
+
+from ._ball import Ball
+from ._base import _CENTERINGS, _SOLVERS, Support, check_choice
+from ._box import Box
+from ._cone import Cone
+from ._ellipsoid import Ellipsoid
+from ._shell import FinalNormShell
+
+__all__ = ["SHAPES", "fit_support"]
+
+#: Shape name -> support class. ``fit_support(H, name)`` builds the class's estimator with
+#: ``cls._from_fit_options`` and fits it; ``"final_norm"`` is listed so that its name is known,
+#: and refuses to be fitted (its set comes from the model, see ``support_from_final_norm``).
+SHAPES: dict[str, type[Support]] = {
+    "ball": Ball,
+    "ellipsoid": Ellipsoid,
+    "cone": Cone,
+    "box": Box,
+    "final_norm": FinalNormShell,
+}
+
+
+def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -> Support:
+    """Fit the smallest support of a given shape that holds the hidden states.
+
+    Parameters
+    ----------
+    H : array_like of float32/float64, shape (N, d)
+        Hidden states (N >= 2, finite).
+    shape : {"ball", "ellipsoid", "cone", "box"}
+        The shape to fit (a key of :data:`SHAPES`). The final-norm shell is not a fit: see
+        :func:`support_from_final_norm`.
+    center : {"free", "origin"}, default "free"
+        Ball: free centre (minimum enclosing ball) or origin-centred (``r = max |h_i|``). Cones
+        always have their apex at the origin (either value accepted). Ellipsoid and box have a
+        free centre: ``"origin"`` raises ``ValueError``.
+    quantile : float in (0, 1], default 1.0
+        Fraction of points kept; the most outlying are trimmed first (per shape: distance to
+        the coordinatewise median for the ball, Mahalanobis distance for the ellipsoid, angle to
+        the mean direction for the cone, MAD-scaled L-infinity distance to the median for the
+        box). ``n_dropped_`` and ``n_fit_`` record it.
+    solver : {"auto", "fast", "cvxpy"}, default "auto"
+        See each class.
+    **kw
+        Further options of the class (``tol``, ``rotation``, ``ridge``, ``min_width``,
+        ``max_iter``, ``progress``, ...).
+
+    Returns
+    -------
+    Support
+        The fitted :class:`Ball`, :class:`Ellipsoid`, :class:`Cone` or :class:`Box`.
+
+    Raises
+    ------
+    ValueError
+        Unknown shape or option, or bad ``H`` (NaN/inf, N < 2, ...).
+    TypeError
+        ``H`` not real floats (float16 refused).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> H = np.random.default_rng(0).standard_normal((300, 4))
+    >>> S = fit_support(H, "ellipsoid")
+    >>> bool(S.contains(H).all())
+    True
+    """
+    if not isinstance(shape, str) or shape not in SHAPES:
+        raise ValueError(f"shape: expected one of {tuple(SHAPES)}, got {shape!r}")
+    check_choice(center, "center", _CENTERINGS)
+    check_choice(solver, "solver", _SOLVERS)
+    est = SHAPES[shape]._from_fit_options(center=center, quantile=quantile, solver=solver, **kw)
+    return est.fit(H)

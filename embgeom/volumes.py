@@ -313,6 +313,33 @@ class CellVolumes:
         return ax
 
 
+def _draws_directions(decoder: Decoder, support) -> bool:
+    """True when the cells are cones and the support an origin-centred ball: then the volume
+    fraction is the solid-angle fraction and Gaussian directions suffice (THEORY.md)."""
+    return (
+        decoder.bias_ is None
+        and getattr(support, "shape", None) == "ball"
+        and bool(getattr(support, "origin_centred", False))
+    )
+
+
+def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed) -> np.ndarray:
+    """Hits per token of one chunk of ``m`` points drawn from ``seed`` (a SeedSequence).
+
+    One chunk of :func:`cell_volumes` (and the task of its parallel version): Gaussian float32
+    directions when ``directions``, else ``support.sample(m, rng)``; returns int64 (n_tokens,)
+    summing to ``m``.
+    """
+    rng = np.random.default_rng(seed)
+    if directions:
+        X = rng.standard_normal((m, decoder.dim), dtype=np.float32)
+    else:
+        X = np.asarray(support.sample(m, seed=rng))
+        if X.shape != (m, decoder.dim):
+            raise ValueError(f"support.sample: returned shape {X.shape}, expected {(m, decoder.dim)}")
+    return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
+
+
 def cell_volumes(
     decoder: Decoder,
     support,
@@ -388,11 +415,7 @@ def cell_volumes(
         log_vol = float(support.log_volume)
     except (AttributeError, RuntimeError):
         log_vol = float("nan")
-    directions = (
-        decoder.bias_ is None
-        and getattr(support, "shape", None) == "ball"
-        and bool(getattr(support, "origin_centred", False))
-    )
+    directions = _draws_directions(decoder, support)
     t0 = time.perf_counter()
     n_chunks = -(-n_samples // batch_size)
     children = root.spawn(n_chunks)
@@ -400,15 +423,7 @@ def cell_volumes(
     bar = tqdm(total=n_samples, desc="cell volumes", unit="pt", disable=not progress)
     for i, child in enumerate(children):
         m = min(batch_size, n_samples - i * batch_size)
-        rng = np.random.default_rng(child)
-        if directions:
-            X = rng.standard_normal((m, decoder.dim), dtype=np.float32)
-        else:
-            X = np.asarray(support.sample(m, seed=rng))
-            if X.shape != (m, decoder.dim):
-                raise ValueError(f"support.sample: returned shape {X.shape}, expected {(m, decoder.dim)}")
-        idx = decoder.assign(X)
-        counts += _kernels.count_tokens(idx, decoder.n_tokens)
+        counts += _count_chunk(m, decoder=decoder, support=support, directions=directions, seed=child)
         bar.update(m)
     bar.close()
     lower, upper = binomial_interval(counts, n_samples, confidence, interval)

@@ -353,6 +353,10 @@ class RayExecutor(Executor):
     init_kwargs : dict, optional
         Further keyword arguments to ``ray.init`` (e.g. ``num_cpus=2`` for a new local
         cluster; Ray refuses them when connecting to an existing one).
+    stall_timeout : float, optional
+        Seconds without any task finishing after which :meth:`map_keyed` cancels the rest and
+        raises ``TimeoutError`` (a cluster that lost its workers waits forever otherwise).
+        Default: wait forever (a cramming task may take hours).
 
     Attributes
     ----------
@@ -364,6 +368,8 @@ class RayExecutor(Executor):
     ------
     TypeError, ValueError
         Bad resource numbers or ``address`` not a str.
+    TimeoutError
+        In :meth:`map_keyed`, after ``stall_timeout`` seconds without progress.
     ImportError
         At :meth:`start`, when Ray is not installed (``pip install "embgeom[ray]"``).
     """
@@ -371,7 +377,8 @@ class RayExecutor(Executor):
     name = "ray"
 
     def __init__(self, address: str | None = None, *, num_cpus: float = 1, num_gpus: float = 0,
-                 max_retries: int = 3, runtime_env: dict | None = None, init_kwargs: dict | None = None):
+                 max_retries: int = 3, runtime_env: dict | None = None, init_kwargs: dict | None = None,
+                 stall_timeout: float | None = None):
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address: expected a str or None, got {type(address).__name__}")
         self.address = address
@@ -384,6 +391,7 @@ class RayExecutor(Executor):
         if init_kwargs is not None and not isinstance(init_kwargs, dict):
             raise TypeError(f"init_kwargs: expected a dict or None, got {type(init_kwargs).__name__}")
         self.init_kwargs = dict(init_kwargs or {})
+        self.stall_timeout = None if stall_timeout is None else check_positive(stall_timeout, "stall_timeout")
         self._ray = None
         self._owns_ray = False
         self._remote = None
@@ -464,9 +472,17 @@ class RayExecutor(Executor):
         try:
             with tqdm(total=len(tasks), desc=desc or getattr(fn, "__name__", "tasks"), unit="task",
                       disable=not progress) as bar:
+                last = time.monotonic()
                 while pending:
                     # everything that finished within 0.2 s: O(pending) per round, not per task
                     done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.2)
+                    if done:
+                        last = time.monotonic()
+                    elif self.stall_timeout is not None and time.monotonic() - last > self.stall_timeout:
+                        raise TimeoutError(
+                            f"stall_timeout: no task finished in {self.stall_timeout:g} s "
+                            f"({len(pending)} of {len(tasks)} pending; see `ray status`)"
+                        )
                     for ref in done:
                         key = pending.pop(ref)
                         sink.add(key, ray.get(ref))

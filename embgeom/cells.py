@@ -159,6 +159,20 @@ class Decoder:
     def __repr__(self) -> str:
         return f"Decoder(n_tokens={self.n_tokens}, d={self.dim}, bias={'yes' if self.bias_ is not None else 'None'})"
 
+    def __getstate__(self) -> dict:
+        """Pickle without the cached zero and nearest-neighbour biases (rebuilt on first use)."""
+        state = self.__dict__.copy()
+        state["_zero_bias"] = state["_nearest_bias"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle. A read-only ``bias_`` is copied (Ray's object store hands out read-only
+        numpy buffers and the numba kernels take writable ones); ``W_`` is only read, so it stays
+        shared (zero-copy) however large it is."""
+        self.__dict__.update(state)
+        if self.bias_ is not None and not self.bias_.flags.writeable:
+            self.bias_ = self.bias_.copy()
+
     # ------------------------------------------------------------------ validation helpers
     def _check_H(self, H, name: str = "H") -> np.ndarray:
         H = check_array(H, name, ndim=(1, 2), dtype=None)

@@ -313,6 +313,49 @@ class CellVolumes:
         return ax
 
 
+def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
+    """Whether Gaussian directions suffice, and the map applied to them.
+
+    With no bias every cell is a cone; when the support is an origin-centred ellipsoid ``G B``
+    (``support.origin_ellipsoid_map()`` is not None) a cell's share of it is the standard
+    Gaussian measure of ``G^{-1} E_t``, so Gaussian directions mapped by ``G`` give the same
+    estimate as uniform points (THEORY.md). Returns ``(directions, G32)`` with ``G32`` the
+    float32 ``G.T`` to right-multiply rows by, or None when ``G`` is a positive multiple of the
+    identity (no map needed: the cells are scale-invariant).
+    """
+    G = support.origin_ellipsoid_map() if decoder.bias_ is None else None
+    if G is None:
+        return False, None
+    G = np.asarray(G, dtype=np.float64)
+    if G.shape != (decoder.dim, decoder.dim):
+        raise ValueError(f"support.origin_ellipsoid_map: returned shape {G.shape}, expected "
+                         f"{(decoder.dim, decoder.dim)}")
+    diag = np.diag(G)
+    if np.count_nonzero(G - np.diag(diag)) == 0 and np.all(diag == diag[0]) and diag[0] > 0:
+        return True, None
+    return True, np.ascontiguousarray(G.T, dtype=np.float32)
+
+
+def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
+                 G32: np.ndarray | None = None) -> np.ndarray:
+    """Hits per token of one chunk of ``m`` points drawn from ``seed`` (a SeedSequence).
+
+    One chunk of :func:`cell_volumes` (and the task of its parallel version): Gaussian float32
+    directions when ``directions`` (mapped by ``G32``, see :func:`_direction_map`), else
+    ``support.sample(m, rng)``; returns int64 (n_tokens,) summing to ``m``.
+    """
+    rng = np.random.default_rng(seed)
+    if directions:
+        X = rng.standard_normal((m, decoder.dim), dtype=np.float32)
+        if G32 is not None:
+            X = X @ G32
+    else:
+        X = np.asarray(support.sample(m, seed=rng))
+        if X.shape != (m, decoder.dim):
+            raise ValueError(f"support.sample: returned shape {X.shape}, expected {(m, decoder.dim)}")
+    return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
+
+
 def cell_volumes(
     decoder: Decoder,
     support,
@@ -396,17 +439,7 @@ def cell_volumes(
         log_vol = float(support.log_volume)
     except (AttributeError, RuntimeError):
         log_vol = float("nan")
-    G = support.origin_ellipsoid_map() if decoder.bias_ is None else None
-    directions = G is not None
-    G32 = None  # None: G is a multiple of the identity, directions need no map
-    if directions:
-        G = np.asarray(G, dtype=np.float64)
-        if G.shape != (decoder.dim, decoder.dim):
-            raise ValueError(f"support.origin_ellipsoid_map: returned shape {G.shape}, expected "
-                             f"{(decoder.dim, decoder.dim)}")
-        diag = np.diag(G)
-        if not (np.count_nonzero(G - np.diag(diag)) == 0 and np.all(diag == diag[0]) and diag[0] > 0):
-            G32 = np.ascontiguousarray(G.T, dtype=np.float32)
+    directions, G32 = _direction_map(decoder, support)
     t0 = time.perf_counter()
     n_chunks = -(-n_samples // batch_size)
     children = root.spawn(n_chunks)
@@ -414,17 +447,8 @@ def cell_volumes(
     bar = tqdm(total=n_samples, desc="cell volumes", unit="pt", disable=not progress)
     for i, child in enumerate(children):
         m = min(batch_size, n_samples - i * batch_size)
-        rng = np.random.default_rng(child)
-        if directions:
-            X = rng.standard_normal((m, decoder.dim), dtype=np.float32)
-            if G32 is not None:
-                X = X @ G32
-        else:
-            X = np.asarray(support.sample(m, seed=rng))
-            if X.shape != (m, decoder.dim):
-                raise ValueError(f"support.sample: returned shape {X.shape}, expected {(m, decoder.dim)}")
-        idx = decoder.assign(X)
-        counts += _kernels.count_tokens(idx, decoder.n_tokens)
+        counts += _count_chunk(m, decoder=decoder, support=support, directions=directions,
+                               seed=child, G32=G32)
         bar.update(m)
     bar.close()
     lower, upper = binomial_interval(counts, n_samples, confidence, interval)

@@ -1,0 +1,305 @@
+"""The execution layer: keyed seeds, the local and Ray back ends, the chunked workloads.
+
+The Ray tests run on one local cluster (``ray.init(address="local", num_cpus=2)``, started
+once for the module). "Ray with 1 worker" asks 2 CPUs per task on that 2-CPU cluster (one task
+at a time); "Ray with 2 workers" asks 1 CPU per task (two at a time). Every workload must give
+bit-identical results on the local executor and on both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from embgeom._parallel_workloads import cell_volume_counts, sample_chunks, token_chunks, unargmaxable_chunked
+from embgeom.cells import STATUS_NAMES, Decoder
+from embgeom.parallel import LocalExecutor, RayExecutor, get_executor, map_keyed, task_seed
+from embgeom.supports import Ball, Box
+from embgeom.volumes import cell_volumes
+
+
+STALL = 180.0  # seconds without a finished task before a Ray map fails
+
+# --------------------------------------------------------------------------------------------
+# task functions (module level: Ray ships them by reference)
+# --------------------------------------------------------------------------------------------
+def _draws(n, *, scale, seed, delay=0.0):
+    """A seeded task: n Gaussian draws from the task's own SeedSequence, the worker's pid."""
+    time.sleep(delay)
+    return np.random.default_rng(seed).standard_normal(n) * scale, os.getpid()
+
+
+def _row_sums(i, *, W, seed):
+    """Reads a shared array; reports whether it arrived as a read-only (object-store) buffer."""
+    rng = np.random.default_rng(seed)
+    return float(W[i].sum() + rng.uniform()), bool(W.flags.writeable)
+
+
+def _last_first(i, *, signal_file):
+    """Task 0 waits (up to 60 s) until the last task has written ``signal_file``: on two workers
+    it finishes after every other task. Returns (i*i, end time)."""
+    if i == 0:
+        deadline = time.time() + 60
+        while not os.path.exists(signal_file) and time.time() < deadline:
+            time.sleep(0.02)
+    elif i == 4:
+        open(signal_file, "w").close()
+    return i * i, time.time()
+
+
+def _dies_once(i, *, marker, seed):
+    """Task 2 kills its own worker process the first time it runs (``marker`` records that)."""
+    if i == 2 and marker is not None and not os.path.exists(marker):
+        with open(marker, "w") as fh:
+            fh.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return np.random.default_rng(seed).integers(0, 2**62, size=4)
+
+
+def _same(a, b):
+    """Bit-identical nested results (arrays compared exactly, dtype included)."""
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+# --------------------------------------------------------------------------------------------
+# no Ray needed
+# --------------------------------------------------------------------------------------------
+def test_task_seed_is_spawn_for_integer_keys_and_distinct_otherwise():
+    root = np.random.SeedSequence(12345)
+    kids = np.random.SeedSequence(12345).spawn(6)
+    for i in range(6):
+        assert np.array_equal(task_seed(root, i).generate_state(4), kids[i].generate_state(4))
+    assert root.n_children_spawned == 0  # task_seed spawns nothing
+    keys = [0, 1, (0, 1), (1, 0), "0", "gemma", ("gemma", 1, 8), ("gemma", 8, 1), 2**40, -1, 0.5, None]
+    states = {tuple(task_seed(7, k).generate_state(4)) for k in keys}
+    assert len(states) == len(keys)
+    assert np.array_equal(task_seed(7, np.int64(3)).generate_state(2), task_seed(7, 3).generate_state(2))
+
+
+def test_task_seed_of_a_str_key_is_the_same_in_another_process():
+    # the derivation must not use Python's per-process salted hash()
+    code = ("from embgeom.parallel import task_seed; "
+            "print(task_seed(3, ('smollm2', 4, 'x')).generate_state(3).tolist())")
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.stdout.strip() == str(task_seed(3, ("smollm2", 4, "x")).generate_state(3).tolist())
+
+
+def test_import_embgeom_stays_ray_free():
+    code = (
+        "import sys, embgeom, embgeom.parallel, embgeom._parallel_workloads\n"
+        "from embgeom.parallel import get_executor\n"
+        "ex = get_executor('ray', ray_address='auto')\n"  # constructing does not import Ray
+        "print('ray' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.stdout.strip() == "False"
+
+
+def test_local_map_is_keyed_and_calls_back_in_task_order():
+    seen = []
+    tasks = {"b": (3,), "a": (2,), ("c", 1): (1,)}
+    out = LocalExecutor().map_keyed(_draws, tasks, kwargs={"scale": 2.0}, seed=5,
+                                    on_result=lambda k, v: seen.append(k), progress=False)
+    assert list(out) == list(tasks) == seen
+    for key, (n,) in tasks.items():
+        want = np.random.default_rng(task_seed(5, key)).standard_normal(n) * 2.0
+        assert np.array_equal(out[key][0], want)
+    assert map_keyed(_draws, {}, kwargs={"scale": 1.0}, progress=False) == {}
+
+
+def test_bad_arguments_are_refused():
+    ex = LocalExecutor()
+    with pytest.raises(TypeError, match="tasks"):
+        ex.map_keyed(_draws, [(1,)], progress=False)
+    with pytest.raises(TypeError, match=r"tasks\[0\]"):
+        ex.map_keyed(_draws, {0: 1}, progress=False)
+    with pytest.raises(TypeError, match="task key"):
+        ex.map_keyed(_draws, {frozenset([1]): (1,)}, progress=False)
+    with pytest.raises(ValueError, match="given twice"):
+        ex.map_keyed(_draws, {0: (1,)}, shared={"scale": 1.0}, kwargs={"scale": 2.0}, progress=False)
+    with pytest.raises(ValueError, match="given twice"):
+        ex.map_keyed(_draws, {0: (1,)}, kwargs={"seed": 1, "scale": 1.0}, seed=3, progress=False)
+    with pytest.raises(ValueError, match="seed"):
+        ex.map_keyed(_draws, {0: (1,)}, kwargs={"scale": 1.0}, seed=-1, progress=False)
+    with pytest.raises(TypeError, match="seed"):
+        ex.map_keyed(_draws, {0: (1,)}, kwargs={"scale": 1.0}, seed=1.5, progress=False)
+    with pytest.raises(ValueError, match="executor"):
+        get_executor("dask")
+    with pytest.raises(ValueError, match="only with executor='ray'"):
+        get_executor("local", ray_address="auto")
+    with pytest.raises(ValueError, match="num_gpus"):
+        RayExecutor(num_gpus=-1)
+    with pytest.raises(ValueError, match="max_lp"):
+        unargmaxable_chunked(Decoder(np.eye(3, dtype=np.float32)), max_lp=5)
+    with pytest.raises(TypeError, match="seed"):
+        cell_volume_counts(Decoder(np.eye(3, dtype=np.float32)), Ball.from_params(None, 1.0, dim=3), 10, None)
+    with pytest.raises(ValueError, match="tokens"):
+        token_chunks(10, [3, 10])
+    assert [v[0] for v in sample_chunks(10, 4).values()] == [4, 4, 2]
+
+
+def test_command_line_flags_pick_the_executor():
+    import argparse
+
+    from embgeom.parallel import add_executor_arguments, executor_from_args
+
+    parser = argparse.ArgumentParser()
+    add_executor_arguments(parser)
+    assert isinstance(executor_from_args(parser.parse_args([]), device="cuda"), LocalExecutor)
+    ex = executor_from_args(parser.parse_args(["--executor", "ray", "--ray-address", "auto"]), device="cuda:0")
+    assert isinstance(ex, RayExecutor) and ex.address == "auto" and ex.num_gpus == 1 and ex.num_cpus == 1
+    ex = executor_from_args(parser.parse_args(["--executor", "ray", "--ray-num-gpus", "0.5"]), device="cuda")
+    assert ex.num_gpus == 0.5 and ex.address is None
+    assert executor_from_args(parser.parse_args(["--executor", "ray"]), device="cpu").num_gpus == 0
+    with pytest.raises(ValueError, match="only with --executor ray"):
+        executor_from_args(parser.parse_args(["--ray-address", "auto"]))
+
+
+def test_chunked_cell_volume_counts_equal_the_serial_loop():
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((60, 5)).astype(np.float32)
+    for dec, support in ((Decoder(W), Ball.from_params(None, 1.0, dim=5)),
+                         (Decoder(W, rng.standard_normal(60).astype(np.float32)), Box.from_params(-np.ones(5), np.ones(5)))):
+        serial = cell_volumes(dec, support, 5000, seed=9, batch_size=700, progress=False).counts
+        chunked = cell_volume_counts(dec, support, 5000, 9, batch_size=700, progress=False)
+        assert chunked.dtype == np.int64 and np.array_equal(serial, chunked)
+
+
+# --------------------------------------------------------------------------------------------
+# on a local Ray cluster
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    # address="local": a new 2-CPU cluster even where RAY_ADDRESS points elsewhere
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the task functions of this file travel by value: the workers cannot import a test module
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def executors(ray_cluster):
+    """local, Ray with one task at a time, Ray with two at a time (the cluster has 2 CPUs)."""
+    # stall_timeout: a cluster that lost its workers (e.g. to a machine-wide OOM) fails, not hangs
+    return {"local": LocalExecutor(), "ray1": RayExecutor(num_cpus=2, stall_timeout=STALL),
+            "ray2": RayExecutor(num_cpus=1, stall_timeout=STALL)}
+
+
+def test_seeded_workload_is_identical_on_every_executor(executors):
+    # task 0 sleeps: on two workers it finishes after the others
+    tasks = {k: (50 + k,) for k in range(6)}
+    runs = {}
+    for name, ex in executors.items():
+        order = []
+        runs[name] = ex.map_keyed(_draws, tasks, kwargs={"scale": 3.0, "delay": 0.0}, seed=2026,
+                                  on_result=lambda k, v: order.append(k), progress=False)
+        assert order == list(tasks)
+    for name in ("ray1", "ray2"):
+        assert list(runs[name]) == list(tasks)
+        assert _same([v[0] for v in runs[name].values()], [v[0] for v in runs["local"].values()])
+        assert all(pid != os.getpid() for _, pid in runs[name].values())  # ran in workers
+    # keyed, not positional: a subset of keys (a resumed run) draws the same numbers
+    rest = {k: tasks[k] for k in (4, 1)}
+    again = executors["ray2"].map_keyed(_draws, rest, kwargs={"scale": 3.0}, seed=2026, progress=False)
+    assert list(again) == [4, 1]
+    assert all(np.array_equal(again[k][0], runs["local"][k][0]) for k in rest)
+
+
+def test_results_are_released_in_task_order_when_they_arrive_out_of_order(executors, tmp_path):
+    released = []
+    tasks = {i: (i,) for i in range(5)}
+    out = executors["ray2"].map_keyed(_last_first, tasks, kwargs={"signal_file": str(tmp_path / "go")},
+                                      progress=False, on_result=lambda k, v: released.append(k))
+    ends = [out[i][1] for i in range(5)]
+    assert ends[0] > max(ends[1:])  # the scenario: task 0 really finished last
+    assert [out[i][0] for i in range(5)] == [i * i for i in range(5)]
+    assert list(out) == released == list(range(5))
+
+
+def test_shared_array_goes_to_the_object_store_once(executors):
+    W = np.random.default_rng(1).standard_normal((2000, 64)).astype(np.float32)
+    local = executors["local"].map_keyed(_row_sums, {i: (i,) for i in range(4)}, shared={"W": W}, seed=0,
+                                         progress=False)
+    ex = executors["ray2"]
+    ref = ex.put(W)  # put once, reuse across maps
+    remote = ex.map_keyed(_row_sums, {i: (i,) for i in range(4)}, shared={"W": ref}, seed=0, progress=False)
+    assert [v[0] for v in remote.values()] == [v[0] for v in local.values()]
+    assert all(v[1] for v in local.values())
+    assert not any(v[1] for v in remote.values())  # zero-copy read-only views of the stored array
+
+
+def _small_W(seed=0):
+    """300 rows in d = 8 (about 80 of them inside the hull: the LP phase runs) plus planted rows
+    inside the hull (convex combinations) and a duplicate."""
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((300, 8))
+    W[10] = 0.5 * W[20] + 0.5 * W[30]
+    W[11] = 0.2 * W[40] + 0.3 * W[50] + 0.5 * W[60]
+    W[12] = W[70]  # a duplicate of a higher id: 12 wins ties, 70 is the duplicate
+    return W.astype(np.float32)
+
+
+def test_unargmaxable_scan_is_identical_on_every_executor(executors):
+    dec = Decoder(_small_W())
+    whole = dec.unargmaxable(progress=False)
+    runs = {name: unargmaxable_chunked(dec, chunk_size=64, executor=ex, progress=False)
+            for name, ex in executors.items()}
+    for name, res in runs.items():
+        assert res.extra["n_chunks"] == 5
+        assert np.array_equal(res.status, runs["local"].status), name
+        assert np.array_equal(res.tokens, whole.tokens), name  # exact verdicts: chunking changes nothing
+        assert res.n_undecided == 0
+    assert {10, 11, 70} <= set(whole.tokens.tolist()) and 12 not in whole.tokens
+    assert runs["local"].status_of(70) == "duplicate"
+    assert runs["local"].n_lp > 0 and {"lp_empty", "lp_witness"} <= {runs["local"].status_of(t) for t in range(300)}
+    # a token subset: the others are "skipped"
+    ids = [11, 70, 5, 0, 299]
+    sub = unargmaxable_chunked(dec, tokens=ids, chunk_size=2, executor=executors["ray2"], progress=False)
+    assert sub.tokens.tolist() == sorted(set(ids) & set(whole.tokens.tolist()))
+    assert (sub.status == STATUS_NAMES.index("skipped")).sum() == 300 - len(ids)
+    assert np.array_equal(sub.status[ids], runs["local"].status[ids])
+
+
+def test_cell_volume_counts_are_identical_on_every_executor(executors):
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((400, 8)).astype(np.float32)
+    cases = [(Decoder(W), Ball.from_params(None, 1.0, dim=8)),  # cones: Gaussian directions
+             (Decoder(W, rng.standard_normal(400).astype(np.float32)), Box.from_params(-np.ones(8), np.ones(8)))]
+    for dec, support in cases:
+        serial = cell_volumes(dec, support, 30_000, seed=11, batch_size=4096, progress=False).counts
+        for name, ex in executors.items():
+            got = cell_volume_counts(dec, support, 30_000, 11, batch_size=4096, executor=ex, progress=False)
+            assert np.array_equal(got, serial), name
+
+
+def test_killed_worker_is_retried_and_the_results_equal_the_local_run(executors, tmp_path):
+    tasks = {i: (i,) for i in range(5)}
+    local = executors["local"].map_keyed(_dies_once, tasks, kwargs={"marker": None}, seed=77, progress=False)
+    marker = tmp_path / "died"
+    ex = RayExecutor(num_cpus=1, max_retries=2, stall_timeout=STALL)
+    out = ex.map_keyed(_dies_once, tasks, kwargs={"marker": str(marker)}, seed=77, progress=False)
+    assert marker.exists() and int(marker.read_text()) != os.getpid()  # a worker really died
+    assert _same(out, local)
+    # without retries the same death is an error, not a silent gap
+    from ray.exceptions import WorkerCrashedError
+
+    with pytest.raises(WorkerCrashedError):
+        RayExecutor(num_cpus=1, max_retries=0, stall_timeout=STALL).map_keyed(
+            _dies_once, tasks, kwargs={"marker": str(tmp_path / "died2")}, seed=77, progress=False)

@@ -308,7 +308,9 @@ def check_int_array(
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
         x = x.detach().cpu().numpy()
     arr = np.asarray(x)
-    if arr.dtype.kind not in "iu":
+    if not allow_empty and arr.size == 0:  # first: np.asarray([]) is float64
+        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype == np.float64):
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
@@ -322,8 +324,6 @@ def check_int_array(
         ):
             want = tuple("any" if s is None else s for s in shape)
             raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
-    if not allow_empty and arr.size == 0:
-        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
     if arr.size and arr.dtype.kind == "u" and arr.dtype.itemsize >= 8 and int(arr.max()) > 2**63 - 1:
         raise ValueError(f"{name}: values beyond the int64 range")
     out = np.ascontiguousarray(arr, dtype=np.int64)

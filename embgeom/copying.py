@@ -50,7 +50,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import _json
-from ._hf import greedy_decode
+from ._hf import greedy_decode, input_embeddings, output_embeddings
 from ._validation import (
     check_array,
     check_int_array,
@@ -734,7 +734,7 @@ def compare_with_bounds(
 
     # Prompt vectors: rows of the input embedding (the alphabet and <sep>), at the paper's
     # precision convention eps = r_inf 2^-bits with r_inf their largest coordinate magnitude.
-    emb = model.get_input_embeddings().weight.detach().double().numpy()
+    emb = input_embeddings(model).weight.detach().double().numpy()
     prompt_rows = emb[: task.sep_id + 1]
     d = prompt_rows.shape[1]
     ball = supports.fit_support(prompt_rows, "ball", center="origin")
@@ -751,7 +751,7 @@ def compare_with_bounds(
     picked = pool[np.unique(np.linspace(0, pool.size - 1, min(12, pool.size)).round().astype(int))]
     H, _ = copy_hidden_states(model, task, picked, n_per_length=n_hidden_per_length, seed=seed)
     hidden = supports.fit_support(H.astype(np.float64), "ball", center="free")
-    W = model.get_output_embeddings().weight.detach().float().numpy()
+    W = output_embeddings(model).weight.detach().float().numpy()
     pts = hidden.sample(n_cell_samples, seed=seed)
     winners = Decoder(W).assign(pts)  # the decoder cells (argmax of W h; the copy model has no bias)
     in_alphabet = winners < alphabet

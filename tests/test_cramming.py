@@ -132,7 +132,10 @@ def test_run_cram_files_and_resume(tiny, sweep, monkeypatch):
     md = (out / "cram_summary.md").read_text()
     assert "## m = 4" in md and "C_emp" in md and "| length n |" in md
     assert summary["summary_lines"][0].startswith("# Cramming")
-    on_disk = json.loads((out / "cram_summary.json").read_text())
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    on_disk = json.loads((out / "cram_summary.json").read_text(), parse_constant=refuse)
     assert on_disk["fit"]["c_emp"] == pytest.approx(summary["fit"]["c_emp"])
 
     # a rerun with the same settings must not cram anything

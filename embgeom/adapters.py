@@ -43,7 +43,7 @@ from ._hf import embed_rows, input_embeddings
 from ._hf import max_positions as _max_positions
 from ._hf import output_embeddings as _output_embeddings
 from ._hf import unwrap as _unwrap
-from ._validation import check_int_array, check_positive_int
+from ._validation import check_int_array, check_positive_int, seed_sequence
 
 __all__ = [
     "FinalNorm",
@@ -503,7 +503,7 @@ def _stored_dtype(folder: Path) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Model access helpers
+# The final norm (model access itself: embgeom._hf)
 # --------------------------------------------------------------------------------------------
 
 
@@ -822,7 +822,7 @@ def logits(model, input_ids, attention_mask=None) -> np.ndarray:
 
 def _length_seed(seed: int, length: int) -> int:
     """An independent torch seed per (seed, length), so adding a length leaves the others."""
-    return int(np.random.SeedSequence([seed, length]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(seed_sequence(seed, length).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def _cache_path(cache_dir: Path, name: str, key: dict) -> Path:

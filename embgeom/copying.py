@@ -615,6 +615,18 @@ def copy_hidden_states(
     positions that predict the copy (from ``<sep>`` on), after the final RMSNorm, i.e. the
     vectors ``h`` multiplied by the unembedding (logits ``z = W h``).
 
+    Parameters
+    ----------
+    model : transformers.LlamaForCausalLM
+    task : CopyTask
+    lengths : array_like of int, shape (k,)
+        Copy lengths (each >= 1).
+    n_per_length : int, default 64
+    seed : seed, default 0
+        Anything ``numpy.random.default_rng`` accepts; length ``L`` draws its strings from
+        ``seed_sequence(seed, L, 7)``.
+    num_threads : int or None, default 1
+
     Returns
     -------
     H : numpy.ndarray, float32 (N, d)

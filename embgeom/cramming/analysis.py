@@ -57,15 +57,18 @@ class AccessibilityCurve:
 
     @property
     def accessibility(self) -> np.ndarray:
+        """float64 (K,): successes / trials."""
         return self.successes / np.maximum(self.trials, 1)
 
     @property
     def intervals(self):
+        """``(lower, upper)``, float64 (K,) each: the Wilson 95% interval per length."""
         from embgeom.volumes import wilson_interval  # imported here: volumes loads numba
 
         return wilson_interval(self.successes, self.trials)
 
     def to_dict(self) -> dict:
+        """JSON-able form: the arrays as lists, with accessibility and its interval."""
         lo, hi = self.intervals
         return {
             "n_mem": int(self.n_mem),
@@ -78,7 +81,6 @@ class AccessibilityCurve:
             "upper": hi.tolist(),
             "settings": self.settings,
         }
-
 
 
 def _curve_arrays(curve):
@@ -141,7 +143,7 @@ def _logistic_fit(x, k, N, s_min: float):
     return float(best.x[0]), float(math.exp(best.x[1]))
 
 
-def n50(curve, *, n_boot: int = 200, seed: int = 0, confidence: float = 0.95, s_min: float = 0.5) -> dict:
+def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: float = 0.5) -> dict:
     """The length where accessibility crosses 50%, from a logistic fit, with a bootstrap interval.
 
     Fits ``p(n) = 1 / (1 + exp((n - n50) / s))`` to the per-length success counts by binomial
@@ -157,7 +159,8 @@ def n50(curve, *, n_boot: int = 200, seed: int = 0, confidence: float = 0.95, s_
     ----------
     curve : AccessibilityCurve or dict with ``lengths``, ``successes``, ``trials``
     n_boot : int, default 200
-    seed : int, default 0
+    seed : seed, default 0
+        Seed of the bootstrap draws: anything ``numpy.random.default_rng`` accepts.
     confidence : float, default 0.95
     s_min : float, default 0.5
         Lower bound of the logistic scale (tokens).

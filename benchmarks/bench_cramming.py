@@ -55,7 +55,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from embgeom import cramming  # noqa: E402
+from embgeom import _hf, cramming  # noqa: E402
+from embgeom.cramming._optimise import _embedding_stats  # noqa: E402
 
 
 def tiny_slope(steps: int = 100, lr: float = 0.05) -> dict:
@@ -106,11 +107,11 @@ def attention_sink(lm, n: int = 512, seed: int = 0) -> dict:
     tokens), and over the same vectors placed after the start token (BOS) at position 1."""
     hf = lm.model
     emb = hf.get_input_embeddings()
-    start = cramming._resolve_start_token(hf, lm.tokenizer, "auto", emb.weight.shape[0])
+    start = _hf.resolve_start_token(hf, lm.tokenizer, "auto", emb.weight.shape[0])
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        rows = cramming._vocab_rows(hf, emb)
-        mu, sd = cramming._embedding_stats(emb, rows)  # cram's own initialisation statistics
+        rows = _hf.vocab_rows(hf)
+        mu, sd = _embedding_stats(emb, rows)  # cram's own initialisation statistics
         P = mu + sd * torch.randn(n, 1, mu.shape[0], generator=g)
         ids = torch.randint(0, rows, (n, 1), generator=g)
         distinct = lambda logits: len(set(logits[:, -1].argmax(-1).tolist()))  # noqa: E731

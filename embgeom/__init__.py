@@ -13,48 +13,52 @@ __version__ = "0.1.0"
 
 import importlib as _importlib
 
-from . import bounds, cells, volumes
-from .bounds import (
-    accessible_fraction_bound,
-    accessible_log_count,
-    cell_volume_rate,
-    linear_law_slope,
-    log_packing_number,
-    n_star,
-    precision_eps,
-    slope_bound,
-    theorem45_log_count,
-    threshold_length_unbounded,
-)
-from .cells import Decoder
-from .volumes import CellVolumes, cell_volumes
-
-# The torch-using modules are imported on first use, so that ``import embgeom`` (the geometry)
-# stays light and works without touching torch. The supports are scikit-learn estimators, and
-# scikit-learn pulls in scipy.stats (about 0.3 s): they too are imported on first use
-# (``embgeom.Ball``, ``embgeom.supports``).
-_LAZY = ("adapters", "cramming", "copying", "report", "cli", "supports")
-_LAZY_NAMES = {
-    name: "supports"
-    for name in ("Ball", "Box", "Cone", "Ellipsoid", "FinalNormShell", "Support", "fit_support",
-                 "support_from_final_norm")
+# Every name is imported on first use (PEP 562), so ``import embgeom`` and ``embgeom --help``
+# stay light: no numba compilation, no scipy.signal/stats, no torch until a name is used.
+#: public name -> the submodule that defines it
+_HOME = {
+    "accessible_fraction_bound": "bounds",
+    "accessible_log_count": "bounds",
+    "cell_volume_rate": "bounds",
+    "linear_law_slope": "bounds",
+    "log_packing_number": "bounds",
+    "n_star": "bounds",
+    "precision_eps": "bounds",
+    "slope_bound": "bounds",
+    "theorem45_log_count": "bounds",
+    "threshold_length_unbounded": "bounds",
+    "Decoder": "cells",
+    "Ball": "supports",
+    "Box": "supports",
+    "Cone": "supports",
+    "Ellipsoid": "supports",
+    "FinalNormShell": "supports",
+    "Support": "supports",
+    "fit_support": "supports",
+    "support_from_final_norm": "supports",
+    "CellVolumes": "volumes",
+    "cell_volumes": "volumes",
 }
+_MODULES = ("bounds", "cells", "supports", "volumes", "adapters", "cramming", "copying",
+            "report", "cli", "parallel")
+# kept for code that reads it: the torch-using modules (all modules are lazy now)
+_LAZY = ("adapters", "cramming", "copying", "report", "cli")
 
 
 def __getattr__(name):
-    if name in _LAZY:
+    if name in _MODULES:
         module = _importlib.import_module(f".{name}", __name__)
         globals()[name] = module
         return module
-    if name in _LAZY_NAMES:
-        value = getattr(_importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+    if name in _HOME:
+        value = getattr(_importlib.import_module(f".{_HOME[name]}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'embgeom' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_NAMES))
+    return sorted(set(globals()) | set(_HOME) | set(_MODULES))
 
 
 __all__ = [
@@ -79,8 +83,14 @@ __all__ = [
     "precision_eps",
     "slope_bound",
     "support_from_final_norm",
+    "supports",
     "theorem45_log_count",
     "threshold_length_unbounded",
     "volumes",
-    *_LAZY,
+    "adapters",
+    "cramming",
+    "copying",
+    "report",
+    "cli",
+    "parallel",
 ]

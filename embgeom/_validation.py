@@ -15,7 +15,9 @@ __all__ = [
     "check_positive",
     "check_positive_int",
     "check_probability",
+    "check_int_array",
     "check_seed",
+    "seed_sequence",
 ]
 
 
@@ -147,16 +149,189 @@ def check_probability(x, name: str, *, open_left: bool = True) -> float:
     return v
 
 
+def _seed_error(seed, exc=None) -> TypeError:
+    return TypeError(
+        "seed: expected what numpy.random.default_rng accepts (None, an int >= 0, an array of "
+        "ints >= 0, a SeedSequence, a BitGenerator or a Generator), got "
+        f"{type(seed).__name__} {seed!r}" + (f" ({exc})" if exc else "")
+    )
+
+
 def check_seed(seed) -> np.random.Generator:
-    """A ``numpy.random.Generator`` from ``None``, an int, or a Generator.
+    """A ``numpy.random.Generator`` from anything ``numpy.random.default_rng`` accepts.
+
+    This is the one seed rule of embgeom: every public ``seed`` argument that feeds a random draw
+    goes through here (or through :func:`seed_sequence` when the draws are split into
+    independent streams).
+
+    Parameters
+    ----------
+    seed : None, int, array_like of int, numpy.random.SeedSequence, BitGenerator or Generator
+        ``None``: fresh OS entropy (not reproducible). An int or an array of ints (each >= 0):
+        the entropy of a ``SeedSequence``. A ``SeedSequence`` or ``BitGenerator``: wrapped. A
+        ``Generator``: returned unchanged (drawing from it advances the caller's stream).
+
+    Returns
+    -------
+    numpy.random.Generator
 
     Raises
     ------
     TypeError
-        Anything else.
+        Anything else: a bool, a float (``1.0`` is refused: a seed is an integer), a string.
+    ValueError
+        A negative int (numpy refuses it too).
     """
     if isinstance(seed, np.random.Generator):
         return seed
-    if seed is None or (isinstance(seed, (numbers.Integral, np.integer)) and not isinstance(seed, bool)):
+    _refuse_non_integer_seed(seed)
+    try:
         return np.random.default_rng(seed)
-    raise TypeError(f"seed: expected None, an int or a numpy Generator, got {type(seed).__name__}")
+    except ValueError as exc:
+        raise ValueError(f"seed: {exc} (got {seed!r})") from None
+    except TypeError as exc:
+        raise _seed_error(seed, exc) from None
+
+
+def _refuse_non_integer_seed(seed) -> None:
+    """bools and floats are accepted by numpy in places (``SeedSequence(True)``); not here."""
+    if seed is None or isinstance(seed, (np.random.SeedSequence, np.random.BitGenerator,
+                                         np.random.Generator)):
+        return
+    if isinstance(seed, (bool, np.bool_, str, bytes)):
+        raise _seed_error(seed)
+    if isinstance(seed, (numbers.Integral, np.integer)):
+        return
+    arr = np.asarray(seed) if not isinstance(seed, dict) else None
+    if arr is None or arr.dtype.kind not in "iu" or arr.ndim > 1:
+        raise _seed_error(seed)
+
+
+def seed_sequence(seed, *keys: int) -> np.random.SeedSequence:
+    """The root ``SeedSequence`` of ``seed`` (extended by ``keys``), for independent streams.
+
+    Use it where a computation splits its draws into streams that must not depend on each other
+    (chunks of a Monte Carlo run: ``seed_sequence(seed).spawn(n_chunks)``; one stream per length
+    or per target: ``seed_sequence(seed, length)``). Same accepted inputs as :func:`check_seed`.
+
+    Parameters
+    ----------
+    seed : None, int, array_like of int, SeedSequence, BitGenerator or Generator
+        ``None``: fresh OS entropy. An int or array of ints: the entropy. A ``SeedSequence``:
+        used as it is. A ``BitGenerator`` / ``Generator``: a child of its own seed sequence
+        (``spawn(1)``; as with a draw, the caller's generator is advanced, so two calls give two
+        independent streams).
+    *keys : int
+        Non-negative ints naming a sub-stream. For int and array seeds they are appended to the
+        entropy, so ``seed_sequence(s, *keys)`` equals ``SeedSequence([s, *keys])`` and
+        ``default_rng(seed_sequence(s, *keys))`` draws the same numbers as
+        ``default_rng([s, *keys])``. For the other kinds they extend the ``spawn_key``.
+
+    Returns
+    -------
+    numpy.random.SeedSequence
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_seed`; a key that is not an int >= 0.
+    """
+    keys = tuple(check_positive_int(k, "keys", minimum=0) for k in keys)
+    if isinstance(seed, np.random.Generator):
+        seed = seed.bit_generator
+    if isinstance(seed, np.random.BitGenerator):
+        parent = getattr(seed, "seed_seq", None)
+        if not isinstance(parent, np.random.SeedSequence):
+            raise _seed_error(seed, "its seed sequence is unknown")
+        seed = parent.spawn(1)[0]
+    if isinstance(seed, np.random.SeedSequence):
+        if not keys:
+            return seed
+        return np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, *keys),
+                                      pool_size=seed.pool_size)
+    _refuse_non_integer_seed(seed)
+    if seed is None:
+        return np.random.SeedSequence(spawn_key=keys)
+    try:
+        entropy = [int(v) for v in np.atleast_1d(np.asarray(seed)).tolist()]
+        if any(v < 0 for v in entropy):
+            raise ValueError("expected integers >= 0")
+        return np.random.SeedSequence(entropy + list(keys))  # == SeedSequence(s) for an int
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"seed: {exc} (got {seed!r})") from None
+
+
+def check_int_array(
+    x,
+    name: str,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    shape: tuple | None = None,
+    low: int | None = None,
+    high: int | None = None,
+    allow_empty: bool = False,
+) -> np.ndarray:
+    """Validate an array of integers (token ids, lengths, counts) and return it as int64.
+
+    The one integer-array rule of embgeom: integer dtypes only (a float array is refused even
+    when its values are whole: ``2.0`` is not a token id), no bools, values in
+    ``[low, high)``.
+
+    Parameters
+    ----------
+    x : array_like of int or torch.Tensor of an integer dtype
+    name : str
+        The argument's name, used in error messages.
+    ndim : int or tuple of int, optional
+        Allowed number(s) of dimensions.
+    shape : tuple, optional
+        Expected shape; ``None`` entries match any length.
+    low, high : int, optional
+        Every value must satisfy ``low <= v`` and ``v < high`` (``high`` exclusive, as a
+        vocabulary size).
+    allow_empty : bool, default False
+
+    Returns
+    -------
+    numpy.ndarray of int64
+        C-contiguous.
+
+    Raises
+    ------
+    TypeError
+        ``None``, a non-integer dtype (float, bool, complex, object).
+    ValueError
+        Wrong ndim or shape, empty, a value outside ``[low, high)``.
+    """
+    if x is None:
+        raise TypeError(f"{name}: expected an array of integers, got None")
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if not allow_empty and arr.size == 0:  # first: np.asarray([]) is float64
+        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype == np.float64):
+        raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if arr.ndim not in allowed:
+            raise ValueError(
+                f"{name}: expected an array with ndim in {allowed}, got shape {arr.shape}"
+            )
+    if shape is not None:
+        if len(shape) != arr.ndim or any(
+            s is not None and s != a for s, a in zip(shape, arr.shape)
+        ):
+            want = tuple("any" if s is None else s for s in shape)
+            raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
+    if arr.size and arr.dtype.kind == "u" and arr.dtype.itemsize >= 8 and int(arr.max()) > 2**63 - 1:
+        raise ValueError(f"{name}: values beyond the int64 range")
+    out = np.ascontiguousarray(arr, dtype=np.int64)
+    if out.size and ((low is not None and int(out.min()) < low)
+                     or (high is not None and int(out.max()) >= high)):
+        lo = "-inf" if low is None else low
+        hi = "inf" if high is None else high
+        raise ValueError(
+            f"{name}: values must lie in [{lo}, {hi}), got range [{int(out.min())}, {int(out.max())}]"
+        )
+    return out

@@ -36,7 +36,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._validation import check_positive_int
+from ._hf import allowed_token_ids as _allowed_token_ids
+from ._hf import base_model as _base_model
+from ._hf import config_vocab as _config_vocab
+from ._hf import embed_rows, input_embeddings
+from ._hf import max_positions as _max_positions
+from ._hf import output_embeddings as _output_embeddings
+from ._hf import unwrap as _unwrap
+from ._validation import check_int_array, check_positive_int, seed_sequence
 
 __all__ = [
     "FinalNorm",
@@ -411,8 +418,8 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", *, progress: bo
     GGUF weights are dequantised by transformers (``from_pretrained(folder, gguf_file=...)``);
     the quantisation grid of the stored weights is reported in ``source_dtype``. Load times on a
     2-core machine: SmolLM2-135M about 25 s (plus about 5 s for its tokenizer), Gemma-3-270m
-    about a minute when the machine is otherwise idle (4 min measured with load average 8). Both set ``HF_HUB_OFFLINE=1`` for the call and pass
-    ``local_files_only=True``.
+    about a minute when the machine is otherwise idle (4 min measured with load average 8). Both pass ``local_files_only=True``
+    (nothing is downloaded; no environment variable is set).
 
     Examples
     --------
@@ -452,7 +459,6 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", *, progress: bo
 def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = Path(path)
     if path.is_file():
         folder, kw = str(path.parent), {"gguf_file": path.name}
@@ -497,41 +503,8 @@ def _stored_dtype(folder: Path) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Model access helpers
+# The final norm (model access itself: embgeom._hf)
 # --------------------------------------------------------------------------------------------
-
-
-def _unwrap(model) -> tuple[Any, Any, str, str | None]:
-    """(hf_model, tokenizer or None, name, source_dtype or None) from a LoadedModel or a model."""
-    if isinstance(model, LoadedModel):
-        return model.model, model.tokenizer, model.name, model.source_dtype
-    if isinstance(model, torch.nn.Module) and hasattr(model, "config"):
-        cfg = model.config
-        name = getattr(cfg, "name_or_path", "") or getattr(cfg, "_name_or_path", "") or ""
-        name = name or getattr(cfg, "model_type", "") or type(model).__name__
-        return model, None, str(name), None
-    raise TypeError(
-        f"model: expected a LoadedModel or a transformers PreTrainedModel, got "
-        f"{type(model).__name__}"
-    )
-
-
-def _output_embeddings(hf) -> torch.nn.Module:
-    get = getattr(hf, "get_output_embeddings", None)
-    out = get() if callable(get) else None
-    if out is None or getattr(out, "weight", None) is None:
-        raise TypeError(
-            f"model: {type(hf).__name__} has no unembedding (get_output_embeddings() returned "
-            "None); pass a causal LM with a head, e.g. an *ForCausalLM model"
-        )
-    return out
-
-
-def _base_model(hf) -> torch.nn.Module:
-    base = getattr(hf, "base_model", None)
-    if base is None or base is hf:
-        raise TypeError(f"model: cannot find the base transformer of {type(hf).__name__}")
-    return base
 
 
 _NORM_NAMES = ("norm", "final_layer_norm", "ln_f", "norm_f", "final_norm", "final_layernorm")
@@ -616,12 +589,6 @@ def _softcap(hf) -> float | None:
     cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
     v = getattr(cfg, "final_logit_softcapping", None)
     return float(v) if v is not None else None
-
-
-def _config_vocab(hf) -> int:
-    cfg = hf.config
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return int(cfg.vocab_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,19 +693,11 @@ def input_embedding_scale(model) -> float:
         Not a model, or a model without input embeddings.
     """
     hf, tokenizer, _, _ = _unwrap(model)
-    emb = hf.get_input_embeddings() if hasattr(hf, "get_input_embeddings") else None
-    if emb is None or getattr(emb, "weight", None) is None:
-        raise TypeError(f"model: {type(hf).__name__} has no input embeddings")
-    w = emb.weight.detach().to(torch.float64)
-    vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), w.shape[0])
-    mean_norm = float(w[:vocab].norm(dim=1).mean())
-    with torch.no_grad():
-        ids = torch.arange(min(8, vocab)).unsqueeze(0)
-        fed = emb(ids).to(torch.float64)[0]
-        raw = w[: ids.shape[1]]
-    multiplier = float(fed.norm() / raw.norm()) if float(raw.norm()) > 0 else 1.0
-    multiplier *= float(getattr(hf.config, "embedding_multiplier", 1.0) or 1.0)
-    return mean_norm * multiplier
+    emb = input_embeddings(hf)
+    vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), emb.weight.shape[0])
+    # the module's own output (embed_rows): includes a multiplier applied inside the module
+    mean_norm = float(embed_rows(emb, torch.arange(vocab)).double().norm(dim=1).mean())
+    return mean_norm * float(getattr(hf.config, "embedding_multiplier", 1.0) or 1.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -747,23 +706,12 @@ def input_embedding_scale(model) -> float:
 
 
 def _check_ids(input_ids, attention_mask, n_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if isinstance(input_ids, torch.Tensor):
-        ids = input_ids.detach().cpu()
-    else:
-        arr = np.asarray(input_ids)
-        if arr.dtype.kind not in "iu":
-            raise TypeError(f"input_ids: expected integer token ids, got dtype {arr.dtype}")
-        ids = torch.from_numpy(arr.astype(np.int64))
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-        raise TypeError(f"input_ids: expected integer token ids, got {ids.dtype}")
-    if ids.ndim == 1:
-        ids = ids.unsqueeze(0)
-    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"input_ids: expected a non-empty (batch, length) array, got {tuple(ids.shape)}")
-    ids = ids.to(torch.long)
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= n_rows:
-        raise ValueError(f"input_ids: token ids must lie in [0, {n_rows}), got range [{lo}, {hi}]")
+    arr = check_int_array(input_ids, "input_ids", ndim=(1, 2), low=0, high=n_rows)
+    if arr.ndim == 1:
+        arr = arr[None]
+    if arr.shape[1] == 0:
+        raise ValueError(f"input_ids: expected a non-empty (batch, length) array, got {arr.shape}")
+    ids = torch.from_numpy(arr)
     mask = None
     if attention_mask is not None:
         mask = torch.as_tensor(np.asarray(attention_mask) if not isinstance(attention_mask, torch.Tensor)
@@ -872,35 +820,9 @@ def logits(model, input_ids, attention_mask=None) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def _allowed_token_ids(hf, tokenizer, vocab: int) -> np.ndarray:
-    """Ids ``0 .. vocab-1`` without the special tokens (tokenizer's ``all_special_ids``, or the
-    config's bos/eos/pad ids when there is no tokenizer)."""
-    if tokenizer is not None:
-        special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    else:
-        special = set()
-        for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            v = getattr(hf.config, attr, None)
-            special.update(v if isinstance(v, (list, tuple)) else [v] if v is not None else [])
-    ids = np.setdiff1d(np.arange(vocab, dtype=np.int64), np.fromiter(special, dtype=np.int64,
-                                                                     count=len(special)))
-    if ids.size == 0:
-        raise ValueError("model: no non-special token left to sample from")
-    return ids
-
-
-def _max_positions(hf) -> int | None:
-    cfg = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        v = getattr(cfg, attr, None)
-        if isinstance(v, numbers.Integral) and v > 0:
-            return int(v)
-    return None
-
-
 def _length_seed(seed: int, length: int) -> int:
     """An independent torch seed per (seed, length), so adding a length leaves the others."""
-    return int(np.random.SeedSequence([seed, length]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return int(seed_sequence(seed, length).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def _cache_path(cache_dir: Path, name: str, key: dict) -> Path:

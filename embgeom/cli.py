@@ -1,14 +1,14 @@
 """Command-line front end: ``embgeom report``, ``embgeom cram``, ``embgeom copy``.
 
-Argument parsing only; the work is done by :mod:`embgeom.report`, :mod:`embgeom.cramming` and
-:mod:`embgeom.copying`. Bad input (an unknown model, a non-positive count, ``--out`` pointing at
+Argument parsing only, and light: building the parser imports nothing heavy (no torch, numba or
+scipy); each sub-command imports its module inside its handler. The work is done by
+:mod:`embgeom.report`, :mod:`embgeom.cramming` and :mod:`embgeom.copying`. Bad input (an unknown model, a non-positive count, ``--out`` pointing at
 a file, a missing model package) ends with one line on stderr and exit code 2, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -156,9 +156,10 @@ def _cmd_report(args) -> dict:
 
 
 def _cmd_cram(args) -> dict:
-    from .cramming import _check_device, run_cram
+    from ._hf import check_device
+    from .cramming import run_cram
 
-    _check_device(args.device)  # before the model loads: a bad --device fails at once
+    check_device(args.device)  # before the model loads: a bad --device fails at once
 
     return run_cram(
         args.model,
@@ -208,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(result, dict) and result.get("summary_lines"):
         print("\n".join(result["summary_lines"]))
     elif isinstance(result, dict):
-        print(json.dumps({k: v for k, v in result.items() if k != "summary_lines"},
-                         indent=1, default=str)[:4000])
+        from ._json import dumps
+
+        print(dumps({k: v for k, v in result.items() if k != "summary_lines"}, indent=1)[:4000])
     return 0
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import numbers
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._validation import check_array, check_positive, check_positive_int
+from . import _json
+from ._hf import greedy_decode, input_embeddings, output_embeddings
+from ._validation import (
+    check_array,
+    check_int_array,
+    check_positive,
+    check_positive_int,
+    check_seed,
+    seed_sequence,
+)
 from .volumes import wilson_interval
 
 __all__ = [
@@ -167,12 +175,13 @@ class CopyTask:
 
 
 def _seeds(seed) -> tuple[int, int, int]:
-    """Three independent integer seeds (initialisation, training data, evaluation data)."""
-    if isinstance(seed, bool) or not isinstance(seed, (numbers.Integral, np.integer)):
-        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
-    if int(seed) < 0:
-        raise ValueError(f"seed: expected an int >= 0, got {seed}")
-    children = np.random.SeedSequence(int(seed)).generate_state(3, dtype=np.uint32)
+    """Three independent integer seeds (initialisation, training data, evaluation data).
+
+    ``seed`` is an int >= 0 (it is recorded in ``copy_summary.json``); the three come from
+    ``seed_sequence(seed).generate_state(3)``.
+    """
+    seed = check_positive_int(seed, "seed", minimum=0)
+    children = seed_sequence(seed).generate_state(3, dtype=np.uint32)
     return tuple(int(c) for c in children)
 
 
@@ -305,8 +314,9 @@ def train_copy_model(
         Peak learning rate of the one-cycle (linear warm-up, cosine decay) schedule.
     warmup : float, default 0.1
         Fraction of steps spent warming up, in (0, 1).
-    seed : int, default 0
-        Seed of the training data stream (a numpy Generator).
+    seed : seed, default 0
+        Seed of the training data stream: anything ``numpy.random.default_rng`` accepts
+        (:func:`embgeom._validation.check_seed`).
     num_threads : int or None, default 1
         torch threads during training (restored afterwards); ``None`` leaves torch's setting.
     progress : bool, default True
@@ -333,7 +343,7 @@ def train_copy_model(
     if warmup >= 1:
         raise ValueError(f"warmup: expected a fraction in (0, 1), got {warmup}")
     log_every = check_positive_int(log_every, "log_every")
-    rng = np.random.default_rng(check_positive_int(seed, "seed", minimum=0))
+    rng = check_seed(seed)
     history = TrainingHistory()
     t0 = time.perf_counter()
     with _torch_threads(num_threads):
@@ -365,16 +375,6 @@ def train_copy_model(
 # ----------------------------------------------------------------------------------------------
 # Evaluation
 # ----------------------------------------------------------------------------------------------
-def _cache_kwarg(model) -> str:
-    """Name of the KV-cache argument of ``model.forward`` (transformers 5.x renames
-    ``past_key_values`` to ``cache``; both are accepted for the version range we support)."""
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-@torch.no_grad()
 def greedy_copy(model, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
     """Batched greedy decoding (argmax over the whole vocabulary, with the KV cache).
 
@@ -391,37 +391,24 @@ def greedy_copy(model, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
     -------
     torch.Tensor, int64 (n, n_new)
         The generated tokens.
+
+    Raises
+    ------
+    ValueError
+        ``n_new < 1`` or ``prompts`` not of shape (n, p) with p >= 1.
+
+    Notes
+    -----
+    Runs :func:`embgeom._hf.greedy_decode`, embgeom's one greedy decoder.
     """
     n_new = check_positive_int(n_new, "n_new")
     if prompts.ndim != 2 or prompts.shape[1] < 1:
         raise ValueError(f"prompts: expected shape (n, p) with p >= 1, got {tuple(prompts.shape)}")
-    cache_kw = _cache_kwarg(model)
-    out = model(input_ids=prompts, use_cache=True)
-    cache = out.past_key_values
-    nxt = out.logits[:, -1].argmax(-1)
-    generated = [nxt]
-    for _ in range(n_new - 1):
-        out = model(input_ids=nxt[:, None], use_cache=True, **{cache_kw: cache})
-        cache = out.past_key_values
-        nxt = out.logits[:, -1].argmax(-1)
-        generated.append(nxt)
-    return torch.stack(generated, dim=1)
+    return greedy_decode(model, n_new, input_ids=prompts, use_cache=True)
 
 
 def _check_lengths(lengths, name="lengths") -> np.ndarray:
-    arr = np.asarray(lengths)
-    if arr.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-d sequence of lengths, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError(f"{name}: expected at least one evaluation length, got none")
-    if arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
-            raise TypeError(f"{name}: expected integer lengths, got dtype {arr.dtype}")
-    if np.any(arr < 1):
-        raise ValueError(f"{name}: expected lengths >= 1, got min {int(arr.min())}")
-    return arr.astype(np.int64)
+    return check_int_array(lengths, name, ndim=1, low=1)
 
 
 def evaluate_copy(
@@ -452,8 +439,10 @@ def evaluate_copy(
     n_eval : int, default 200
         Strings per length.
     batch_size : int, default 256
-    seed : int, default 0
-        Seed of the evaluation strings (the same seed gives the same strings per length).
+    seed : seed, default 0
+        Seed of the evaluation strings (anything ``numpy.random.default_rng`` accepts); length
+        ``L`` draws from ``seed_sequence(seed, L)``, so the same seed gives the same strings per
+        length whatever the other lengths (for an int, ``default_rng([seed, L])``).
     num_threads : int or None, default 1
     progress : bool, default True
 
@@ -476,14 +465,13 @@ def evaluate_copy(
     lengths = _check_lengths(lengths)
     n_eval = check_positive_int(n_eval, "n_eval")
     batch_size = check_positive_int(batch_size, "batch_size")
-    seed = check_positive_int(seed, "seed", minimum=0)
     t0 = time.perf_counter()
     em_counts, per_token = [], []
     was_training = model.training
     model.eval()
     with _torch_threads(num_threads):
         for length in tqdm(lengths.tolist(), desc="copy eval", disable=not progress):
-            rng = np.random.default_rng([seed, length])
+            rng = np.random.default_rng(seed_sequence(seed, length))
             symbols = task.sample_symbols(n_eval, length, rng)
             hits, tok = 0, 0
             for start in range(0, n_eval, batch_size):
@@ -579,9 +567,10 @@ def detect_cliff(lengths, exact_match, n_eval, *, threshold: float = 0.5, z: flo
     acc = check_array(acc, "exact_match", ndim=1, shape=(lengths.size,))
     if np.any(acc < 0) or np.any(acc > 1):
         raise ValueError("exact_match: expected accuracies in [0, 1]")
-    n = np.broadcast_to(np.asarray(n_eval), lengths.shape)
-    if n.dtype.kind not in "iu" or np.any(n < 1):
-        raise ValueError(f"n_eval: expected integer counts >= 1, got {n_eval!r}")
+    try:
+        n = np.broadcast_to(check_int_array(n_eval, "n_eval", low=1), lengths.shape)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
     threshold = check_positive(threshold, "threshold")
     if threshold >= 1:
         raise ValueError(f"threshold: expected a level in (0, 1), got {threshold}")
@@ -626,6 +615,18 @@ def copy_hidden_states(
     positions that predict the copy (from ``<sep>`` on), after the final RMSNorm, i.e. the
     vectors ``h`` multiplied by the unembedding (logits ``z = W h``).
 
+    Parameters
+    ----------
+    model : transformers.LlamaForCausalLM
+    task : CopyTask
+    lengths : array_like of int, shape (k,)
+        Copy lengths (each >= 1).
+    n_per_length : int, default 64
+    seed : seed, default 0
+        Anything ``numpy.random.default_rng`` accepts; length ``L`` draws its strings from
+        ``seed_sequence(seed, L, 7)``.
+    num_threads : int or None, default 1
+
     Returns
     -------
     H : numpy.ndarray, float32 (N, d)
@@ -635,24 +636,18 @@ def copy_hidden_states(
     """
     lengths = _check_lengths(lengths)
     n_per_length = check_positive_int(n_per_length, "n_per_length")
-    seed = check_positive_int(seed, "seed", minimum=0)
     rows, row_lengths = [], []
     base = getattr(model, "model", model)
     with _torch_threads(num_threads):
         model.eval()
         for length in lengths.tolist():
-            rng = np.random.default_rng([seed, length, 7])
+            rng = np.random.default_rng(seed_sequence(seed, length, 7))
             x = task.sample_symbols(n_per_length, length, rng)
             ids = torch.cat([task.prompts(x), torch.from_numpy(x[:, :-1])], dim=1)
             h = base(input_ids=ids).last_hidden_state[:, length:, :]
             rows.append(h.reshape(-1, h.shape[-1]).float().numpy())
             row_lengths.append(np.full(h.shape[0] * h.shape[1], length, dtype=np.int64))
     return np.concatenate(rows).astype(np.float32), np.concatenate(row_lengths)
-
-
-def _log_count_ball(d: int, m: int, r: float, eps: float) -> float:
-    """Theorem 4.5 in logs: ``d m log(1 + 2 r / eps)`` nats (fallback when bounds is absent)."""
-    return float(d * m * math.log1p(2.0 * r / eps))
 
 
 def compare_with_bounds(
@@ -701,7 +696,9 @@ def compare_with_bounds(
         Strings per length for the hidden-state sample (:func:`copy_hidden_states`).
     n_cell_samples : int, default 20000
         Uniform points in the hidden-state support for the cell-volume fractions.
-    seed : int, default 0
+    seed : seed, default 0
+        Seed of the hidden-state strings and of the uniform points (anything
+        ``numpy.random.default_rng`` accepts).
 
     Returns
     -------
@@ -733,6 +730,7 @@ def compare_with_bounds(
     expected; the bound must only never be *below* what the model demonstrably does.
     """
     from . import bounds, supports  # lazy: geometry modules, numpy only
+    from .cells import Decoder
 
     if not isinstance(task, CopyTask):
         raise TypeError(f"task: expected a CopyTask, got {type(task).__name__}")
@@ -748,7 +746,7 @@ def compare_with_bounds(
 
     # Prompt vectors: rows of the input embedding (the alphabet and <sep>), at the paper's
     # precision convention eps = r_inf 2^-bits with r_inf their largest coordinate magnitude.
-    emb = model.get_input_embeddings().weight.detach().double().numpy()
+    emb = input_embeddings(model).weight.detach().double().numpy()
     prompt_rows = emb[: task.sep_id + 1]
     d = prompt_rows.shape[1]
     ball = supports.fit_support(prompt_rows, "ball", center="origin")
@@ -765,9 +763,9 @@ def compare_with_bounds(
     picked = pool[np.unique(np.linspace(0, pool.size - 1, min(12, pool.size)).round().astype(int))]
     H, _ = copy_hidden_states(model, task, picked, n_per_length=n_hidden_per_length, seed=seed)
     hidden = supports.fit_support(H.astype(np.float64), "ball", center="free")
-    W = model.get_output_embeddings().weight.detach().double().numpy()
+    W = output_embeddings(model).weight.detach().float().numpy()
     pts = hidden.sample(n_cell_samples, seed=seed)
-    winners = np.argmax(pts @ W.T, axis=1)
+    winners = Decoder(W).assign(pts)  # the decoder cells (argmax of W h; the copy model has no bias)
     in_alphabet = winners < alphabet
     n_in = int(in_alphabet.sum())
     rate, slope_refined = None, None
@@ -849,16 +847,14 @@ def plot_copy_accuracy(evaluation: dict, l_train: int, path, *, cliff=None, inte
     -------
     pathlib.Path
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     l_train = check_positive_int(l_train, "l_train")
     lengths = np.asarray(evaluation["lengths"])
     em = np.asarray(evaluation["exact_match"])
     lo, hi = wilson_interval(np.asarray(evaluation["exact_match_count"]), evaluation["n_eval"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     ax.axvspan(0.5, l_train + 0.5, color="0.9", label=f"training lengths 1..{l_train}")
     ax.fill_between(lengths, lo, hi, color="C0", alpha=0.25, linewidth=0)
     ax.plot(lengths, em, "o-", ms=3, color="C0", label="exact match (95% Wilson)")
@@ -878,7 +874,6 @@ def plot_copy_accuracy(evaluation: dict, l_train: int, path, *, cliff=None, inte
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -975,10 +970,10 @@ def run_copy(
     )
     ckpt = out / "checkpoint"
     model.save_pretrained(ckpt)
-    (ckpt / TASK_FILE).write_text(json.dumps({
+    _json.dump({
         "alphabet": task.alphabet, "l_train": task.l_train, "sep_id": task.sep_id,
         "pad_id": task.pad_id, "format": "x_1..x_L <sep> x_1..x_L; loss on the copy only",
-    }, indent=2))
+    }, ckpt / TASK_FILE)
 
     evaluation = evaluate_copy(
         model, task, np.arange(1, max_length + 1), n_eval=n_eval, seed=seed_eval,
@@ -1013,5 +1008,5 @@ def run_copy(
         "files": {"checkpoint": str(ckpt), "figure": str(figure), "summary": str(out / "copy_summary.json")},
     }
     summary["wall_s"] = time.perf_counter() - t0
-    (out / "copy_summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    _json.dump(summary, out / "copy_summary.json")
     return summary

@@ -9,13 +9,14 @@ Every key of ``report.json`` is documented in ``docs/report.md``.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
+from . import _json
 from ._markdown import fmt as _fmt
 from ._markdown import md_table as _md_table
 from ._validation import check_array, check_positive_int, check_seed
@@ -52,8 +53,8 @@ def hidden_state_summary(H, lengths=None, *, max_cos_points: int = 2000, seed=0)
     max_cos_points : int, default 2000
         The pairwise cosines are quadratic in N: at most this many rows (drawn uniformly without
         replacement, seeded) enter the cosine statistics; ``cos_subsample`` says how many did.
-    seed : int or numpy Generator
-        Seed of that subsample.
+    seed : seed, default 0
+        Seed of that subsample: anything ``numpy.random.default_rng`` accepts.
 
     Returns
     -------
@@ -111,16 +112,14 @@ def hidden_state_summary(H, lengths=None, *, max_cos_points: int = 2000, seed=0)
 
 
 def _plot_norms(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = summary["per_length"]
     if not rows:
         return
     L = [r["length"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig = Figure(figsize=(7.5, 3.6))
+    ax = fig.subplots()
     ax.plot(L, [r["r2_max"] for r in rows], "o-", label="max L2 norm")
     ax.plot(L, [r["r2_mean"] for r in rows], "s--", label="mean L2 norm")
     ax.plot(L, [r["rinf_max"] for r in rows], "^-", label="max L-inf norm")
@@ -132,19 +131,6 @@ def _plot_norms(summary: dict, path: Path) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def build_report(
@@ -178,7 +164,8 @@ def build_report(
     n_cell_samples : int, optional
         Monte Carlo samples for the cell volumes; overrides the preset.
     seed : int, default 0
-        Seed of every random draw (token sequences, subsamples, Monte Carlo).
+        Seed of every random draw (token sequences, subsamples, Monte Carlo); an int >= 0
+        because it is recorded in ``report.json`` and the held-out sample uses ``seed + 1``.
     cache_dir : str or Path, optional
         Folder for the ``.npy`` cache of hidden states.
     progress : bool, default True
@@ -188,7 +175,8 @@ def build_report(
     -------
     dict
         The report (the content of ``report.json``) plus ``summary_lines``, a few lines of
-        headline numbers for the terminal.
+        headline numbers for the terminal. ``report.json`` is strict JSON
+        (:mod:`embgeom._json`): a number that is not finite is written as ``null``.
 
     Raises
     ------
@@ -198,102 +186,27 @@ def build_report(
     ModuleNotFoundError
         The model's offline package is missing (the message gives the pip command).
     """
-    from . import adapters, bounds, cells, supports, volumes
-
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir: {str(out)!r} exists and is not a folder")
-    size = dict(REPORT_SIZES["quick" if quick else "default"])
-    if lengths is not None:
-        lengths = [check_positive_int(ell, "lengths") for ell in lengths]
-        if not lengths:
-            raise ValueError("lengths: expected at least one prompt length")
-        size["lengths"] = tuple(lengths)
-    if n_per_length is not None:
-        size["n_per_length"] = check_positive_int(n_per_length, "n_per_length", minimum=2)
-    if n_cell_samples is not None:
-        size["cell_samples"] = check_positive_int(n_cell_samples, "n_cell_samples")
+    size = _report_sizes(quick, lengths, n_per_length, n_cell_samples)
+    seed = check_positive_int(seed, "seed", minimum=0)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
-
-    def lap(name, t0):
-        timings[name] = round(time.perf_counter() - t0, 2)
-
-    # 1. model -> unembedding
-    t0 = time.perf_counter()
-    loaded = (model if isinstance(model, adapters.LoadedModel)
-              else adapters.load_model(model, progress=progress))
-    u = adapters.unembedding(loaded)
-    lap("load_model", t0)
+    with _timed(timings, "load_model"):
+        loaded, u, model_facts = _load_phase(model, progress)
     out.mkdir(parents=True, exist_ok=True)
-    model_facts = u.to_dict()
-    model_facts["name"] = loaded.name
-    model_facts["source"] = str(loaded.source)
-
-    # 2. hidden states
-    t0 = time.perf_counter()
-    H, row_lengths = adapters.sample_hidden_states(
-        loaded, size["lengths"], size["n_per_length"], seed=seed, cache_dir=cache_dir,
-        progress=progress,
-    )
-    lap("hidden_states", t0)
-    geo = hidden_state_summary(H, row_lengths, max_cos_points=size["max_cos_points"], seed=seed)
-    geo["lengths"] = [int(x) for x in size["lengths"]]
-    geo["n_per_length"] = int(size["n_per_length"])
-    _plot_norms(geo, out / "hidden_norms.png")
-    geo["figure"] = "hidden_norms.png"
-
-    # 3. supports. A support fitted to a sample is only a bound if it also holds hidden states
-    # it has not seen: every shape is checked on a held-out sample (another seed), and only the
-    # shapes that contain at least ``heldout_min`` of it count as bounds.
-    t0 = time.perf_counter()
-    H_test, _ = adapters.sample_hidden_states(
-        loaded, size["lengths"], max(2, size["n_per_length"] // 4), seed=seed + 1,
-        cache_dir=cache_dir, progress=progress,
-    )
-    sup_section, fitted = supports.supports_report_section(
-        H, out, shapes=size["shapes"], unembedding=u, heldout=H_test,
-        heldout_min=size["heldout_min"], return_supports=True)
-    valid = {k: S for k, S in fitted.items() if sup_section[k]["heldout_valid"]}
-    geo["heldout_rinf_max"] = float(np.abs(H_test).max())
-    geo["heldout_r2_max"] = float(np.linalg.norm(H_test, axis=1).max())
-    sup_section["heldout"] = {"n": int(H_test.shape[0]), "seed": int(seed) + 1,
-                              "cube_contained": float(np.mean(
-                                  np.abs(H_test).max(axis=1) <= geo["rinf_max"])),
-                              "min_contained": size["heldout_min"],
-                              "not_valid": sorted(set(fitted) - set(valid))}
-    sup_section["figures"] = {k: Path(v).name for k, v in sup_section["figures"].items()}
-    sup_section["markdown"] = _supports_markdown(sup_section, H.shape)
-    lap("supports", t0)
-
-    # 4. cells: with no bias every cell is a cone, so its share of an origin-centred ball is its
-    # solid-angle fraction (the estimator then samples directions only).
-    t0 = time.perf_counter()
-    decoder = cells.Decoder.from_unembedding(u)
-    cell_support = fitted["ball_origin"] if "ball_origin" in fitted else fitted["ball"]
-    cells_section, cell_result = volumes.cells_report_section(
-        decoder, cell_support, size["cell_samples"], seed, out, tokenizer=loaded.tokenizer,
-        unargmaxable=size["unargmaxable"], progress=progress, return_volumes=True,
-    )
-    cells_section["support"] = "ball_origin" if "ball_origin" in fitted else "ball"
-    cells_section["fractions_path"] = Path(cells_section["fractions_path"]).name
-    cells_section["histogram_path"] = Path(cells_section["histogram_path"]).name
-    cells_section["markdown"] = _cells_markdown(cells_section, len(cell_result.fractions))
-    lap("cells", t0)
-
-    # 5. bounds
-    t0 = time.perf_counter()
-    published = bounds.PUBLISHED.get(loaded.name, {})
-    bounds_section = bounds.bounds_report_section(
-        model_facts, fitted, rinf=geo["rinf_max"], fractions=cell_result.fractions,
-        lower=cell_result.lower, upper=cell_result.upper,
-        published_c_emp=published.get("c_emp"), out_dir=out, dtype=u.dtype,
-        n_samples=cell_result.n_samples,
-        valid=set(valid) | ({"cube"} if sup_section["heldout"]["cube_contained"]
-                            >= size["heldout_min"] else set()),
-    )
-    lap("bounds", t0)
-
+    with _timed(timings, "hidden_states"):
+        H, row_lengths = _sample(loaded, size, size["n_per_length"], seed, cache_dir, progress)
+    geo = _hidden_phase(H, row_lengths, size, seed, out)
+    with _timed(timings, "supports"):
+        sup_section, fitted, valid = _supports_phase(loaded, H, u, geo, size, seed, cache_dir,
+                                                     progress, out)
+    with _timed(timings, "cells"):
+        cells_section, cell_result = _cells_phase(loaded, u, fitted, size, seed, out, progress)
+    with _timed(timings, "bounds"):
+        bounds_section = _bounds_phase(loaded, u, model_facts, fitted, valid, geo, sup_section,
+                                       cell_result, size, out)
     timings["total"] = round(time.perf_counter() - t_start, 2)
     report = {
         "embgeom_version": _version(),
@@ -308,11 +221,133 @@ def build_report(
         "bounds": bounds_section,
         "timings_s": timings,
     }
-    with open(out / "report.json", "w") as f:
-        json.dump(report, f, indent=2, default=_json_default)
+    _json.dump(report, out / "report.json")
     (out / "report.md").write_text(_markdown(report))
     report["summary_lines"] = _summary_lines(report, out)
     return report
+
+
+# --------------------------------------------------------------------------------------------
+# The phases of build_report
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _timed(timings: dict, name: str):
+    """Record the wall time of the block in ``timings[name]`` (seconds, 2 decimals)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.perf_counter() - t0, 2)
+
+
+def _report_sizes(quick: bool, lengths, n_per_length, n_cell_samples) -> dict:
+    """The size preset (:data:`REPORT_SIZES`) with the caller's overrides, validated."""
+    size = dict(REPORT_SIZES["quick" if quick else "default"])
+    if lengths is not None:
+        lengths = [check_positive_int(ell, "lengths") for ell in lengths]
+        if not lengths:
+            raise ValueError("lengths: expected at least one prompt length")
+        size["lengths"] = tuple(lengths)
+    if n_per_length is not None:
+        size["n_per_length"] = check_positive_int(n_per_length, "n_per_length", minimum=2)
+    if n_cell_samples is not None:
+        size["cell_samples"] = check_positive_int(n_cell_samples, "n_cell_samples")
+    return size
+
+
+def _load_phase(model, progress: bool):
+    """1. model -> unembedding: ``(loaded, unembedding, model facts)``."""
+    from . import adapters
+
+    loaded = (model if isinstance(model, adapters.LoadedModel)
+              else adapters.load_model(model, progress=progress))
+    u = adapters.unembedding(loaded)
+    model_facts = u.to_dict()
+    model_facts["name"] = loaded.name
+    model_facts["source"] = str(loaded.source)
+    return loaded, u, model_facts
+
+
+def _sample(loaded, size: dict, n_per_length: int, seed: int, cache_dir, progress: bool):
+    from . import adapters
+
+    return adapters.sample_hidden_states(loaded, size["lengths"], n_per_length, seed=seed,
+                                         cache_dir=cache_dir, progress=progress)
+
+
+def _hidden_phase(H, row_lengths, size: dict, seed: int, out: Path) -> dict:
+    """2. hidden states -> their summary and the norms figure."""
+    geo = hidden_state_summary(H, row_lengths, max_cos_points=size["max_cos_points"], seed=seed)
+    geo["lengths"] = [int(x) for x in size["lengths"]]
+    geo["n_per_length"] = int(size["n_per_length"])
+    _plot_norms(geo, out / "hidden_norms.png")
+    geo["figure"] = "hidden_norms.png"
+    return geo
+
+
+def _supports_phase(loaded, H, u, geo: dict, size: dict, seed: int, cache_dir, progress, out):
+    """3. supports, checked on held-out hidden states: ``(section, fitted, valid)``.
+
+    A support fitted to a sample is only a bound if it also holds hidden states it has not
+    seen: every shape is checked on a held-out sample (seed ``seed + 1``), and only the shapes
+    that contain at least ``heldout_min`` of it count as bounds.
+    """
+    from . import supports
+
+    H_test, _ = _sample(loaded, size, max(2, size["n_per_length"] // 4), seed + 1, cache_dir,
+                        progress)
+    sup_section, fitted = supports.supports_report_section(
+        H, out, shapes=size["shapes"], unembedding=u, heldout=H_test,
+        heldout_min=size["heldout_min"], return_supports=True)
+    valid = {k: S for k, S in fitted.items() if sup_section[k]["heldout_valid"]}
+    geo["heldout_rinf_max"] = float(np.abs(H_test).max())
+    geo["heldout_r2_max"] = float(np.linalg.norm(H_test, axis=1).max())
+    sup_section["heldout"] = {"n": int(H_test.shape[0]), "seed": int(seed) + 1,
+                              "cube_contained": float(np.mean(
+                                  np.abs(H_test).max(axis=1) <= geo["rinf_max"])),
+                              "min_contained": size["heldout_min"],
+                              "not_valid": sorted(set(fitted) - set(valid))}
+    sup_section["figures"] = {k: Path(v).name for k, v in sup_section["figures"].items()}
+    sup_section["markdown"] = _supports_markdown(sup_section, H.shape)
+    return sup_section, fitted, valid
+
+
+def _cells_phase(loaded, u, fitted: dict, size: dict, seed: int, out: Path, progress: bool):
+    """4. decoder cells: ``(section, CellVolumes)``.
+
+    With no bias every cell is a cone, so its share of an origin-centred ball is its
+    solid-angle fraction (the estimator then samples directions only).
+    """
+    from . import cells, volumes
+
+    decoder = cells.Decoder.from_unembedding(u)
+    cell_support = fitted["ball_origin"] if "ball_origin" in fitted else fitted["ball"]
+    cells_section, cell_result = volumes.cells_report_section(
+        decoder, cell_support, size["cell_samples"], seed, out, tokenizer=loaded.tokenizer,
+        unargmaxable=size["unargmaxable"], progress=progress, return_volumes=True,
+    )
+    cells_section["support"] = "ball_origin" if "ball_origin" in fitted else "ball"
+    cells_section["fractions_path"] = Path(cells_section["fractions_path"]).name
+    cells_section["histogram_path"] = Path(cells_section["histogram_path"]).name
+    cells_section["markdown"] = _cells_markdown(cells_section, len(cell_result.fractions))
+    return cells_section, cell_result
+
+
+def _bounds_phase(loaded, u, model_facts, fitted, valid, geo, sup_section, cell_result, size, out):
+    """5. packing bounds from the valid supports and the cell volumes."""
+    from . import bounds
+
+    published = bounds.PUBLISHED.get(loaded.name, {})
+    return bounds.bounds_report_section(
+        model_facts, fitted, rinf=geo["rinf_max"], fractions=cell_result.fractions,
+        lower=cell_result.lower, upper=cell_result.upper,
+        published_c_emp=published.get("c_emp"), out_dir=out, dtype=u.dtype,
+        n_samples=cell_result.n_samples,
+        valid=set(valid) | ({"cube"} if sup_section["heldout"]["cube_contained"]
+                            >= size["heldout_min"] else set()),
+    )
 
 
 def _version() -> str:

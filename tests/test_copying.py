@@ -17,6 +17,12 @@ from embgeom.copying import CopyTask, detect_cliff, wilson_interval  # noqa: E40
 # The tiny configuration: L_train = 8, alphabet 8, d = 64, 2 layers, 800 AdamW steps
 # (about 30-40 s on one shared core).
 L_TRAIN = 8
+
+
+def _refuse_constant(constant):
+    raise ValueError(f"not strict JSON: {constant}")
+
+
 ALPHABET = 8
 STEPS = 800
 
@@ -67,7 +73,7 @@ def test_exact_match_agrees_with_teacher_forced_argmax(trained):
 
 def test_run_writes_checkpoint_summary_and_figure(trained):
     out, s = trained
-    data = json.loads((out / "copy_summary.json").read_text())
+    data = json.loads((out / "copy_summary.json").read_text(), parse_constant=_refuse_constant)
     assert data["cliff"] == s["cliff"]
     assert (out / "copy_accuracy.png").stat().st_size > 1000
     assert (out / "checkpoint" / "config.json").exists()

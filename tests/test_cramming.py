@@ -18,6 +18,7 @@ import torch
 from scipy import stats
 
 from embgeom import cramming
+from embgeom._hf import check_device
 from embgeom.cramming import (
     AccessibilityCurve,
     accessibility_curve,
@@ -131,14 +132,17 @@ def test_run_cram_files_and_resume(tiny, sweep, monkeypatch):
     md = (out / "cram_summary.md").read_text()
     assert "## m = 4" in md and "C_emp" in md and "| length n |" in md
     assert summary["summary_lines"][0].startswith("# Cramming")
-    on_disk = json.loads((out / "cram_summary.json").read_text())
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    on_disk = json.loads((out / "cram_summary.json").read_text(), parse_constant=refuse)
     assert on_disk["fit"]["c_emp"] == pytest.approx(summary["fit"]["c_emp"])
 
     # a rerun with the same settings must not cram anything
     def refuse(*a, **k):
         raise AssertionError("rerun crammed a finished target")
 
-    monkeypatch.setattr(cramming, "cram", refuse)
+    monkeypatch.setattr(cramming._curve, "cram", refuse)
     again = run_cram(tiny, [1, 2, 3, 4], out, lengths=[2, 4, 8, 16], n_targets=8, steps=STEPS,
                      lr=LR, seed=0, adaptive=True, max_length=64, n_boot=50, progress=False,
                      plot=False)
@@ -257,7 +261,8 @@ def test_teacher_forced_layout(tiny, start_token):
 def test_start_token_resolution(tiny):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    resolve = cramming._resolve_start_token
+    from embgeom._hf import resolve_start_token as resolve
+
     assert resolve(tiny, None, "auto", VOCAB) == 1  # config.bos_token_id
     assert resolve(tiny, SimpleNamespace(bos_token_id=7), "auto", VOCAB) == 7  # tokenizer first
     assert resolve(tiny, SimpleNamespace(bos_token_id=None), "auto", VOCAB) == 1
@@ -321,11 +326,11 @@ def test_bad_input(tiny):
         cram(tiny, T, 1.5)
     with pytest.raises(ValueError, match="targets"):
         cram(tiny, np.zeros((0, 3), np.int64), 1)
-    with pytest.raises(ValueError, match="targets: expected at least one"):
+    with pytest.raises(ValueError, match="targets: expected a non-empty"):
         cram(tiny, [], 1)
     with pytest.raises(ValueError, match="targets"):
         cram(tiny, np.zeros((2, 0), np.int64), 1)
-    with pytest.raises(ValueError, match=r"targets: token ids must lie in \[0, 128\)"):
+    with pytest.raises(ValueError, match=r"targets: values must lie in \[0, 128\)"):
         cram(tiny, np.array([[1, VOCAB]]), 1)
     with pytest.raises(ValueError, match="targets"):
         cram(tiny, np.array([[-1, 2]]), 1)
@@ -356,7 +361,7 @@ def test_bad_input(tiny):
         cram(tiny, T, 1, device="foo")
     if not torch.backends.mps.is_available():
         with pytest.raises(ValueError, match="device"):
-            cramming._check_device("mps")
+            check_device("mps")
     with pytest.raises(ValueError, match="target_source"):
         sample_targets(tiny, 3, 2, target_source="poems")
     with pytest.raises(ValueError, match="tokenizer"):
@@ -398,7 +403,11 @@ def test_sample_targets_random_tokens(tiny):
     # uniform over the pool: chi-square on the counts of many draws
     many = sample_targets(tiny, 64, 200, seed=0).ravel()
     counts = np.bincount(many, minlength=VOCAB)
-    assert stats.chisquare(counts).pvalue > 1e-4
+    # without a tokenizer the special tokens are the config's bos (1) and eos (2): never drawn
+    assert (tiny.config.bos_token_id, tiny.config.eos_token_id) == (1, 2)
+    assert counts[1] == counts[2] == 0
+    pool = np.setdiff1d(np.arange(VOCAB), [1, 2])
+    assert stats.chisquare(counts[pool]).pvalue > 1e-4
 
 
 def test_sample_targets_words_and_texts(tiny):
@@ -441,7 +450,7 @@ def test_jsonl_line_cut_short_is_redone_once(tiny, monkeypatch, tmp_path):
         calls.append(len(targets))
         return _threshold_cram(5)(model, targets, n_mem, **kw)
 
-    monkeypatch.setattr(cramming, "cram", counting)
+    monkeypatch.setattr(cramming._curve, "cram", counting)
     J = tmp_path / "c.jsonl"
     accessibility_curve(tiny, 1, [4], 3, jsonl=J, progress=False)
     text = J.read_text()
@@ -455,7 +464,7 @@ def test_jsonl_line_cut_short_is_redone_once(tiny, monkeypatch, tmp_path):
 
 
 def test_adaptive_doubles_then_bisects(tiny, monkeypatch):
-    monkeypatch.setattr(cramming, "cram", _threshold_cram(5))
+    monkeypatch.setattr(cramming._curve, "cram", _threshold_cram(5))
     c = accessibility_curve(tiny, 1, None, 3, adaptive=True, max_length=64, progress=False)
     # 1, 2, 4 pass, 8 fails; bisection 6 (fails), 5 (passes); stop: 5 and 6 adjacent
     assert c.lengths.tolist() == [1, 2, 4, 5, 6, 8]
@@ -584,3 +593,90 @@ def test_run_cram_refuses_a_file_as_out_dir(tiny, tmp_path):
     for out in (f, f / "sub"):
         with pytest.raises(ValueError, match="out_dir"):
             run_cram(tiny, [1], out, lengths=[2], n_targets=1, steps=1, progress=False)
+
+
+# ------------------------------------------------------------------ resume key (pinned)
+
+
+def test_settings_hash_and_fingerprint_are_pinned():
+    """A run writing cram.jsonl must resume after an upgrade: the settings hash and the model
+    fingerprint are pinned to the values the code before the cramming/ split computed (on these
+    exact inputs); a change here orphans every finished target of a running job."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from embgeom.cramming._curve import _curve_settings, _model_fingerprint, _settings_hash
+    from embgeom.cramming._targets import source_descriptor
+
+    settings = {
+        "model": {"name": "smollm2-135m", "class": "LlamaForCausalLM", "n_params": 134515008,
+                  "embedding_digest": "0123456789abcdef"},
+        "dtype": "float32", "start_token": 1, "steps": 1000, "lr": 0.01, "seed": 0,
+        "target_source": "random-tokens", "check_generation": True, "cram_kwargs": {},
+    }
+    assert _settings_hash(settings) == "0c0a7e56f58c80e3"
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.copy_(torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) / (1000.0 + i))
+    fp = {"name": "tiny-arange", "class": "LlamaForCausalLM", "n_params": 4656,
+          "embedding_digest": "dbc1808414236bd7"}
+    assert _model_fingerprint(model, "tiny-arange") == fp
+    # the settings accessibility_curve builds, on a bare model (its name: the class name)
+    built = _curve_settings(model, "tiny-arange", torch.float32, start=None, steps=1000, lr=0.01,
+                            seed=0, target_source=["a b", "c"], check_generation=True,
+                            cram_kwargs={"init_scale": 0.5, "betas": (0.9, 0.99)})
+    assert source_descriptor(["a b", "c"]) == "texts:2:0de7f58388266e3b"
+    assert _settings_hash(built) == "81ba30bceb958bbe"
+    from embgeom._hf import unwrap
+
+    assert unwrap(model)[2] == "LlamaForCausalLM"
+
+
+def test_jsonl_records_are_strict_json_and_keep_their_format(tiny, tmp_path):
+    """Each cram.jsonl line is strict JSON with the keys a rerun reads, in the order of the
+    format before the split."""
+    J = tmp_path / "c.jsonl"
+    accessibility_curve(tiny, 1, [2], 2, jsonl=J, steps=3, lr=LR, progress=False)
+
+    def refuse(c):
+        raise ValueError(f"non-strict JSON constant {c}")
+
+    recs = [json.loads(line, parse_constant=refuse) for line in J.read_text().splitlines()]
+    assert [list(r)[:4] for r in recs] == [["settings_hash", "n_mem", "length", "target_index"]] * 2
+    assert list(recs[0])[4:] == [
+        "success_teacher_forced", "success_generation", "steps", "loss", "accuracy",
+        "best_accuracy", "memory_norm", "dtype", "device", "batch_wall_s", "settings"]
+    assert [r["target_index"] for r in recs] == [0, 1]
+
+
+def test_adaptive_search_alone():
+    """The search as a function of an accessibility oracle: doubling, then bisection."""
+    from embgeom.cramming._curve import _adaptive_search
+
+    seen = []
+
+    def oracle(n):
+        seen.append(n)
+        return 1.0 if n <= 37 else 0.0
+
+    _adaptive_search([1, 2, 4, 8, 16, 32, 64, 128], oracle)
+    assert seen[:7] == [1, 2, 4, 8, 16, 32, 64] and seen[7:] == [48, 40, 36, 38, 37]
+    seen.clear()
+    _adaptive_search([8, 16], lambda n: seen.append(n) or 0.0)
+    assert seen == [8, 4, 2, 1]  # fails at once: bisect down from 0
+    seen.clear()
+    _adaptive_search([2, 4], lambda n: seen.append(n) or 1.0)
+    assert seen == [2, 4]  # never crosses: nothing more
+
+
+def test_analysis_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import embgeom.cramming.analysis as a; "
+            "print('torch' in sys.modules, a.fit_slope({1: 2.0, 2: 4.0})['c_emp'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "2.0"]

@@ -16,7 +16,10 @@ def test_report_end_to_end_on_smollm2(smollm2, tmp_path):
     out = tmp_path / "rep"
     rep = build_report(smollm2, out, quick=True, lengths=[4, 8], n_per_length=16,
                        n_cell_samples=4000, seed=3, progress=False)
-    on_disk = json.loads((out / "report.json").read_text())
+    def refuse(constant):
+        raise ValueError(f"report.json holds {constant}: not strict JSON")
+
+    on_disk = json.loads((out / "report.json").read_text(), parse_constant=refuse)
     for key in ("model", "hidden_states", "supports", "cells", "bounds", "settings", "timings_s"):
         assert key in on_disk
     m, h, b = on_disk["model"], on_disk["hidden_states"], on_disk["bounds"]

@@ -1,0 +1,100 @@
+"""Cramming: optimise soft prompts (memory vectors) so a frozen causal LM emits a target sequence.
+
+This is the empirical check of the paper's bounds. Freeze a causal language model, prepend
+``m`` trainable input vectors (memory vectors, a soft prompt) to the input embeddings of a target
+sequence, and optimise them with Adam until, teacher-forced, every next-token argmax of the
+target is right (100% token accuracy). The *accessibility* at length ``n`` is the fraction of
+random targets of that length that reach 100%; ``n50(m)`` is the length where accessibility crosses
+50%, and the slope ``C_emp`` of ``n50 = C_emp m`` (tokens per vector) is compared with the
+theoretical slope ``C_theory`` of :mod:`embgeom.bounds` (a valid bound needs
+``C_theory / C_emp >= 1``).
+
+Protocol from Y. Kuratov et al., "Cramming 1568 Tokens into a Single Vector and Back Again",
+ACL 2025 (arXiv 2502.13063), as used in M. Meyer et al., "How Many Different Outputs Can a
+Transformer Generate?", ICML 2026 (arXiv 2605.22223), Sec. 5 (empirical slopes, Cor. 4.6).
+
+Public API
+----------
+- :func:`cram`: optimise B independent sets of memory vectors in one batch.
+- :func:`greedy_generate`, :func:`teacher_forced_accuracy`: the two success checks.
+- :func:`sample_targets`: seeded targets (random tokens, random words, or given texts).
+- :func:`accessibility_curve`: accessibility vs length, with Wilson intervals, adaptive mode,
+  results appended to a JSONL file and reused on a rerun.
+- :func:`n50`: logistic fit of accessibility vs length, with a bootstrap interval.
+- :func:`fit_slope`: ``C_emp`` with intervals and R^2, ratio against ``C_theory``.
+- :func:`theory_slope`: ``C_theory`` from :mod:`embgeom.bounds`.
+- :func:`plot_accessibility`, :func:`plot_n50`: PNG figures.
+- :func:`run_cram`: the whole ``embgeom cram`` job (JSONL + JSON summary + PNGs).
+
+Layout
+------
+- ``analysis``: :class:`AccessibilityCurve`, :func:`n50`, :func:`fit_slope`,
+  :func:`theory_slope` (numpy/scipy only: importable without torch);
+- ``_optimise``: :class:`CramResult`, :func:`cram` (Adam in named phases);
+- ``_checks``: :func:`greedy_generate`, :func:`teacher_forced_accuracy`;
+- ``_targets``: :func:`sample_targets`, the token pools;
+- ``_curve``: :func:`accessibility_curve` (resume from JSONL, batching, adaptive search);
+- ``_run``: :func:`run_cram`; ``plots``: the figures.
+
+Every public name is importable as ``embgeom.cramming.<name>``; the torch-using modules are
+imported on first use, so ``import embgeom.cramming.analysis`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+
+__all__ = [
+    "CramResult",
+    "AccessibilityCurve",
+    "cram",
+    "greedy_generate",
+    "teacher_forced_accuracy",
+    "sample_targets",
+    "accessibility_curve",
+    "n50",
+    "fit_slope",
+    "theory_slope",
+    "plot_accessibility",
+    "plot_n50",
+    "run_cram",
+]
+
+#: Where each public name lives (the module is imported on first access).
+_HOME = {
+    "AccessibilityCurve": "analysis",
+    "n50": "analysis",
+    "fit_slope": "analysis",
+    "theory_slope": "analysis",
+    "CramResult": "_optimise",
+    "cram": "_optimise",
+    "greedy_generate": "_checks",
+    "teacher_forced_accuracy": "_checks",
+    "sample_targets": "_targets",
+    "WORD_BOUNDARY_MARKERS": "_targets",
+    "accessibility_curve": "_curve",
+    "plot_accessibility": "plots",
+    "plot_n50": "plots",
+    "run_cram": "_run",
+}
+
+
+_SUBMODULES = ("analysis", "plots", "_optimise", "_checks", "_targets", "_curve", "_run")
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return _importlib.import_module(f".{name}", __name__)
+    if name == "wilson_interval":  # the Wilson interval of the curves, from embgeom.volumes
+        from embgeom.volumes import wilson_interval
+
+        return wilson_interval
+    if name in _HOME:
+        value = getattr(_importlib.import_module(f".{_HOME[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'embgeom.cramming' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME) | {"wilson_interval"})

@@ -1,0 +1,221 @@
+"""The ``embgeom cram`` job: curves for each m, n50, C_emp, and the files on disk.
+
+:func:`run_cram` runs in named phases: check the output folder (:func:`_check_out_dir`), load
+the model (:func:`_load`), one accessibility curve and n50 per m (:func:`_sweep`), the slope
+(:func:`_fit`), the figures (:func:`_plots`), the summary dict (:func:`_summary`) and its two
+files (:func:`_write_summary`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from embgeom import _json
+from embgeom._hf import check_device, dtype_name, model_device_dtype, unwrap
+from embgeom._validation import check_positive_int
+
+from ._curve import accessibility_curve
+from ._targets import source_descriptor
+from .analysis import fit_slope, n50
+from .plots import plot_accessibility, plot_n50
+
+__all__ = ["run_cram"]
+
+
+def _check_out_dir(out_dir) -> Path:
+    out = Path(out_dir)
+    for parent in (out, *out.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"out_dir: {str(parent)!r} exists and is not a folder")
+    return out
+
+
+def _load(model_name):
+    """A registry name or path is loaded (:func:`embgeom.adapters.load_model`); a model is kept."""
+    if isinstance(model_name, str):
+        from embgeom.adapters import load_model
+
+        return load_model(model_name)
+    return model_name
+
+
+def _sweep(model, ms, *, jsonl, lengths, n_targets, seed, n_boot, curve_kwargs):
+    """One :func:`accessibility_curve` and one :func:`n50` per m."""
+    curves, n50s = {}, {}
+    for m in ms:
+        curves[m] = accessibility_curve(model, m, lengths, n_targets, seed=seed, jsonl=jsonl,
+                                        **curve_kwargs)
+        n50s[m] = n50(curves[m], n_boot=n_boot, seed=seed)
+    return curves, n50s
+
+
+def _fit(n50s: dict, c_theory):
+    """:func:`fit_slope` over the finite n50 values: ``(finite, fit or None, error or None)``."""
+    finite = {m: v for m, v in n50s.items() if np.isfinite(v["n50"])}
+    try:
+        return finite, fit_slope(finite, c_theory=c_theory), None
+    except ValueError as e:
+        return finite, None, str(e)
+
+
+def _plots(out: Path, curves, finite, fit) -> dict:
+    files = {"accessibility_png": plot_accessibility(curves, out / "accessibility.png")}
+    if finite:
+        files["n50_png"] = plot_n50(finite, fit, out / "n50_vs_m.png")
+    return files
+
+
+def _summary(model, name, mdtype, dev, *, settings, curves, n50s, fit, fit_error, files, t0):
+    return {
+        "model": name,
+        "source_dtype": getattr(model, "source_dtype", None),
+        "dtype": dtype_name(mdtype),
+        "device": str(dev),
+        "settings": settings,
+        "curves": {str(m): c.to_dict() for m, c in curves.items()},
+        "n50": {str(m): v for m, v in n50s.items()},
+        "fit": fit,
+        "fit_error": fit_error,
+        "files": files,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def _write_summary(out: Path, summary: dict) -> None:
+    """``cram_summary.md`` and ``cram_summary.json`` (strict JSON); adds ``summary_lines``."""
+    files = summary["files"]
+    files["summary_json"] = str(out / "cram_summary.json")
+    files["summary_md"] = str(out / "cram_summary.md")
+    text = _summary_markdown(summary)
+    (out / "cram_summary.md").write_text(text)
+    _json.dump(summary, out / "cram_summary.json")
+    summary["summary_lines"] = text.splitlines() + ["", *(f"wrote {f}" for f in files.values())]
+
+
+def run_cram(
+    model_name,
+    mems,
+    out_dir,
+    *,
+    lengths=None,
+    n_targets: int = 16,
+    steps: int = 1000,
+    lr: float = 1e-2,
+    seed: int = 0,
+    plot: bool = True,
+    adaptive: bool = True,
+    target_source="random-tokens",
+    max_length: int = 4096,
+    batch_size: int = 8,
+    device=None,
+    n_boot: int = 200,
+    c_theory: float | None = None,
+    check_generation: bool = True,
+    start_token="auto",
+    progress: bool = True,
+) -> dict:
+    """The ``embgeom cram`` job: accessibility curves for each m, n50, C_emp, files on disk.
+
+    Writes into ``out_dir``: ``cram.jsonl`` (one line per target, appended as results come;
+    a rerun with the same settings skips finished targets), ``cram_summary.json`` (the returned
+    dict), and with ``plot`` ``accessibility.png`` (one line per m) and ``n50_vs_m.png`` (with
+    the fitted line).
+
+    Parameters
+    ----------
+    model_name : str, LoadedModel or HF causal LM
+        A registry name / path for ``embgeom.adapters.load_model``, or a loaded model.
+    mems : sequence of int
+        Numbers of memory vectors m.
+    out_dir : str or Path
+    lengths, n_targets, steps, lr, seed, adaptive, target_source, max_length, batch_size,
+    device, check_generation, start_token : see :func:`accessibility_curve`.
+    plot : bool, default True
+    n_boot : int, default 200
+        Bootstrap draws of :func:`n50`.
+    c_theory : float, optional
+        Theoretical slope for the ratio in :func:`fit_slope`.
+    progress : bool, default True
+
+    Returns
+    -------
+    dict (JSON-able)
+        ``model``, ``dtype``, ``device``, ``settings``, ``curves`` {m: curve dict}, ``n50``
+        {m: dict}, ``fit`` (:func:`fit_slope`, or None with ``fit_error`` when fewer than two
+        finite n50), ``files``, ``wall_s``.
+    """
+    t0 = time.perf_counter()
+    ms = sorted({check_positive_int(m, "mems") for m in np.atleast_1d(mems).tolist()})
+    if not ms:
+        raise ValueError("mems: expected at least one number of memory vectors")
+    out = _check_out_dir(out_dir)
+    model = _load(model_name)
+    hf, _, name, _ = unwrap(model)
+    device = check_device(device)
+    if device is not None:
+        hf.to(device)
+    dev, mdtype = model_device_dtype(hf)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "cram.jsonl"
+    curves, n50s = _sweep(model, ms, jsonl=jsonl, lengths=lengths, n_targets=n_targets, seed=seed,
+                          n_boot=n_boot, curve_kwargs=dict(
+                              target_source=target_source, adaptive=adaptive,
+                              max_length=max_length, steps=steps, lr=lr, batch_size=batch_size,
+                              check_generation=check_generation, start_token=start_token,
+                              progress=progress))
+    finite, fit, fit_error = _fit(n50s, c_theory)
+    files = {"jsonl": str(jsonl)}
+    if plot:
+        files.update(_plots(out, curves, finite, fit))
+    settings = {
+        "mems": ms, "lengths": None if lengths is None else [int(x) for x in np.atleast_1d(lengths)],
+        "n_targets": n_targets, "steps": steps, "lr": lr, "seed": seed, "adaptive": adaptive,
+        "target_source": source_descriptor(target_source), "max_length": max_length,
+        "batch_size": batch_size, "n_boot": n_boot,
+        "start_token": next(iter(curves.values())).settings.get("start_token"),
+    }
+    summary = _summary(model, name, mdtype, dev, settings=settings, curves=curves, n50s=n50s,
+                       fit=fit, fit_error=fit_error, files=files, t0=t0)
+    _write_summary(out, summary)
+    return summary
+
+
+def _summary_markdown(summary: dict) -> str:
+    """The readable form of a :func:`run_cram` summary: one table per m, n50s, the fit."""
+    from embgeom._markdown import fmt, md_table
+
+    st = summary["settings"]
+    lines = [
+        f"# Cramming: {summary['model']}",
+        "",
+        f"dtype {summary['dtype']} on {summary['device']}; start token {st.get('start_token')}; "
+        f"Adam lr {st['lr']}, at most {st['steps']} steps; {st['n_targets']} targets per length "
+        f"({st['target_source']}), seed {st['seed']}; wall {summary['wall_s']:.0f} s.",
+    ]
+    for m, c in summary["curves"].items():
+        rows = [
+            [n, f"{k}/{N}", a, f"[{fmt(lo, 3)}, {fmt(hi, 3)}]", f"{kg}/{N}"]
+            for n, k, N, a, lo, hi, kg in zip(c["lengths"], c["successes"], c["trials"],
+                                               c["accessibility"], c["lower"], c["upper"],
+                                               c["successes_generation"])
+        ]
+        r = summary["n50"][m]
+        note = f" (censored {r['censored']})" if r.get("censored") else ""
+        lines += ["", f"## m = {m}", "",
+                  md_table(["length n", "crammed", "accessibility", "95% Wilson", "generation"], rows),
+                  "", f"n50 = {fmt(r['n50'])} tokens [{fmt(r['lower'])}, {fmt(r['upper'])}]{note}"]
+    fit = summary.get("fit")
+    lines += [""]
+    if fit:
+        lines.append(f"C_emp = {fmt(fit['c_emp'])} tokens per vector "
+                     f"[{fmt(fit['c_emp_lower'])}, {fmt(fit['c_emp_upper'])}], R² through the "
+                     f"origin {fmt(fit['r2_uncentred'])} (centred {fmt(fit['r2'])}), affine R² "
+                     f"{fmt(fit['affine']['r2'])}")
+        if "ratio" in fit:
+            lines.append(f"C_theory / C_emp = {fmt(fit['ratio'])}")
+    else:
+        lines.append(f"no slope: {summary.get('fit_error')}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,145 @@
+"""Cramming targets: the token pools, seeded target draws, and the target check."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from embgeom._hf import allowed_token_ids, input_embeddings, special_token_ids, unwrap, vocab_rows
+from embgeom._validation import check_int_array, check_positive_int, seed_sequence
+
+#: Word-boundary markers of the two common subword vocabularies: GPT-2 byte-level BPE ("Ġ",
+#: U+0120, used by SmolLM2, Pythia, Qwen) and SentencePiece ("▁", U+2581, used by Llama-2, Gemma).
+WORD_BOUNDARY_MARKERS = ("\u0120", "\u2581")
+
+_TARGET_CHUNK = 64  # targets are drawn in chunks of this many tokens, so shorter ones are prefixes
+_TAG_TARGET = 0  # seed-domain tags, so target draws and memory initialisations never share streams
+_TAG_INIT = 1
+
+
+def check_targets(targets, vocab: int) -> np.ndarray:
+    """Targets as a C-contiguous int64 ``(B, n)`` array of token ids in ``[0, vocab)``.
+
+    A 1-D array is one target. Raises TypeError (not integers) or ValueError (empty, wrong
+    ndim, ids out of range) naming ``targets``.
+    """
+    arr = check_int_array(targets, "targets", ndim=(1, 2), low=0, high=vocab)
+    return arr[None, :] if arr.ndim == 1 else arr
+
+
+def _token_pool(hf, tok, source: str) -> np.ndarray:
+    """Token ids targets are drawn from (int64, sorted)."""
+    rows = vocab_rows(hf)
+    size = rows if tok is None else min(rows, len(tok))
+    if source == "random-tokens":
+        return allowed_token_ids(hf, tok, size)
+    if source != "words":
+        raise ValueError(
+            f'target_source: expected "random-tokens", "words" or a list of texts, got {source!r}'
+        )
+    if tok is None:
+        raise ValueError('target_source: "words" needs a tokenizer (pass a LoadedModel)')
+    special = special_token_ids(hf, tok)
+    pieces = tok.convert_ids_to_tokens(list(range(size)))
+    pool = np.array(
+        [
+            i
+            for i, p in enumerate(pieces)
+            if i not in special
+            and isinstance(p, str)
+            and len(p) >= 3
+            and p[0] in WORD_BOUNDARY_MARKERS
+            and p[1:].isascii()
+            and p[1:].isalpha()
+        ],
+        np.int64,
+    )
+    if pool.size < 16:
+        raise ValueError(
+            'target_source: "words" found fewer than 16 word tokens (tokens starting with a '
+            f"word-boundary marker {WORD_BOUNDARY_MARKERS}) in this tokenizer"
+        )
+    return pool
+
+
+def sample_targets(model, length: int, n_targets: int, *, target_source="random-tokens", seed=0,
+                   start: int = 0) -> np.ndarray:
+    """Seeded targets for cramming.
+
+    Parameters
+    ----------
+    model : LoadedModel or HF causal LM
+    length : int
+        Target length n (tokens).
+    n_targets : int
+        How many targets (rows), with indices ``start, ..., start + n_targets - 1``.
+    target_source : {"random-tokens", "words"} or list of str, default "random-tokens"
+        - ``"random-tokens"``: i.i.d. uniform over the vocabulary rows, special tokens excluded
+          (the paper's "random text"; the special tokens are
+          :func:`embgeom._hf.special_token_ids`: the tokenizer's, else the config's bos/eos/pad).
+        - ``"words"``: i.i.d. uniform over *word tokens*: vocabulary entries made of a
+          word-boundary marker ("Ġ" for byte-level BPE, "▁" for SentencePiece) followed by at
+          least two ASCII letters, i.e. whole words that start with a space. A target is a
+          sequence of random words (more text-like than random tokens, still incompressible).
+        - a list of texts: tokenised without special tokens and concatenated, separated by a
+          space, into one cyclic token stream; target j starts at the first token of text
+          ``j mod len(texts)``.
+    seed : seed, default 0
+        Anything ``numpy.random.default_rng`` accepts; chunk ``c`` of target ``j`` draws from
+        ``seed_sequence(seed, 0, j, c)`` (for an int: ``default_rng([seed, 0, j, c])``).
+    start : int, default 0
+        Index of the first target (targets are indexed, so a rerun can draw target j alone).
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (n_targets, length)
+        Target j of length n is the prefix of target j of any longer length (random sources draw
+        in chunks of 64 tokens).
+
+    Raises
+    ------
+    ValueError
+        Unknown source, a source that needs a tokenizer without one, empty texts.
+    """
+    length = check_positive_int(length, "length")
+    n_targets = check_positive_int(n_targets, "n_targets")
+    start = check_positive_int(start, "start", minimum=0)
+    hf, tok, _, _ = unwrap(model)
+    if isinstance(target_source, str):
+        input_embeddings(hf)  # a clear error for a model without input embeddings
+        pool = _token_pool(hf, tok, target_source)
+        out = np.empty((n_targets, length), np.int64)
+        n_chunks = -(-length // _TARGET_CHUNK)
+        for r, j in enumerate(range(start, start + n_targets)):
+            draws = [
+                np.random.default_rng(seed_sequence(seed, _TAG_TARGET, j, c)).integers(
+                    0, pool.size, _TARGET_CHUNK)
+                for c in range(n_chunks)
+            ]
+            out[r] = pool[np.concatenate(draws)[:length]]
+        return out
+    texts = list(target_source)
+    if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise ValueError("target_source: expected a non-empty list of non-empty texts")
+    if tok is None:
+        raise ValueError("target_source: a list of texts needs a tokenizer (pass a LoadedModel)")
+    pieces = [tok(t if i == 0 else " " + t, add_special_tokens=False)["input_ids"]
+              for i, t in enumerate(texts)]
+    starts = np.cumsum([0] + [len(p) for p in pieces[:-1]])
+    stream = np.array([i for p in pieces for i in p], np.int64)
+    if stream.size == 0:
+        raise ValueError("target_source: the texts tokenise to nothing")
+    out = np.empty((n_targets, length), np.int64)
+    for r, j in enumerate(range(start, start + n_targets)):
+        s0 = starts[j % len(texts)]
+        out[r] = stream[(s0 + np.arange(length)) % stream.size]
+    return out
+
+
+def source_descriptor(target_source) -> str:
+    """The target source as recorded in the settings (a list of texts by count and digest)."""
+    if isinstance(target_source, str):
+        return target_source
+    h = hashlib.sha256("\x1e".join(target_source).encode()).hexdigest()[:16]
+    return f"texts:{len(target_source)}:{h}"

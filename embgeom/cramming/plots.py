@@ -1,0 +1,90 @@
+"""Figures of a cramming run (matplotlib's object API: no backend switch, no pyplot state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .analysis import AccessibilityCurve
+
+__all__ = ["plot_accessibility", "plot_n50"]
+
+
+def plot_accessibility(curves, path) -> str:
+    """Accessibility vs length, one line per m, with Wilson 95% bands; saves a PNG.
+
+    Parameters
+    ----------
+    curves : mapping {m: AccessibilityCurve or its dict}
+    path : str or Path
+        PNG file to write (its folder is created).
+
+    Returns
+    -------
+    str
+        The path written.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    for m in sorted(curves):
+        c = curves[m]
+        d = c.to_dict() if isinstance(c, AccessibilityCurve) else c
+        x = np.asarray(d["lengths"])
+        ax.plot(x, d["accessibility"], "o-", label=f"m = {m}")
+        ax.fill_between(x, d["lower"], d["upper"], alpha=0.2)
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("target length n (tokens)")
+    ax.set_ylabel("accessibility")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    ax.set_title("Cramming accessibility vs length")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def plot_n50(n50_by_m, fit, path) -> str:
+    """n50 vs m with bootstrap intervals and the fitted line n50 = C_emp m; saves a PNG.
+
+    Parameters
+    ----------
+    n50_by_m : mapping {m: dict from :func:`n50`}
+    fit : dict from :func:`fit_slope` or None
+    path : str or Path
+
+    Returns
+    -------
+    str
+        The path written.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(5, 4))
+    ax = fig.subplots()
+    ms = sorted(n50_by_m)
+    y = np.array([n50_by_m[m]["n50"] for m in ms], float)
+    lo = np.array([n50_by_m[m].get("lower", np.nan) for m in ms], float)
+    hi = np.array([n50_by_m[m].get("upper", np.nan) for m in ms], float)
+    yerr = np.vstack([np.clip(y - lo, 0, None), np.clip(hi - y, 0, None)])
+    yerr[~np.isfinite(yerr)] = 0
+    ax.errorbar(ms, y, yerr=yerr, fmt="o", capsize=3, label="n50 (95% bootstrap)")
+    if fit is not None:
+        xx = np.linspace(0, max(ms) * 1.05, 50)
+        ax.plot(xx, fit["c_emp"] * xx, "-",
+                label=f"n50 = {fit['c_emp']:.2f} m  (R² {fit['r2_uncentred']:.3f}, through 0)")
+    ax.set_xlabel("memory vectors m")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("n50 (tokens)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return str(path)

@@ -1001,6 +1001,10 @@ def _check_model(hf, *, require: bool = True) -> _Checked:
     without the padding). Tolerance: 1e-3 of the largest magnitude for float32 weights, 3e-2
     for 16-bit weights.
     """
+    try:
+        _base_model(hf)
+    except TypeError as exc:
+        raise ValueError(f"model: {_architecture(hf)} is not supported: {exc}") from None
     key = _model_key(hf)
     hit = _CHECKED.get(hf)
     if hit is None or hit.key != key:
@@ -1051,6 +1055,12 @@ def _probe_head(hf) -> str | None:
                 f"({type(norm).__name__}) is not the hidden state its head receives (a projection "
                 "or another transform sits between them), so the final-norm facts would be wrong"
             )
+    if out.weight.shape[1] != h.shape[-1]:
+        return (
+            f"model: {arch} is not supported: its unembedding takes vectors of dimension "
+            f"{out.weight.shape[1]} but its last hidden state has {h.shape[-1]} (a projection "
+            "between them that the adapter does not model)"
+        )
     z_own = _own_last_logits(hf, ids, None)
     if z_own.shape != (2, n_rows):
         return (

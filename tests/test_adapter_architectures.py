@@ -78,6 +78,8 @@ REFUSED = {
     "roberta": "differs from the model's own logits",
     "olmo": "OlmoLayerNorm",  # a LayerNorm without a stored epsilon
     "nanochat": "is not supported",  # a weightless RMSNorm the norm reader cannot describe
+    "rembert": "dimension 1664",  # the head projects the hidden state up before W
+    "llama4_text": "base transformer",  # no base_model attribute to read hidden states from
 }
 
 

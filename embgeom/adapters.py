@@ -1008,7 +1008,9 @@ def _check_model(hf, *, require: bool = True) -> _Checked:
     key = _model_key(hf)
     hit = _CHECKED.get(hf)
     if hit is None or hit.key != key:
-        hit = _Checked(key=key, padding_ok=_probe_padding(hf), error=_probe_head(hf))
+        ids = _probe_ids(hf)
+        error, h = _probe_head(hf, ids)
+        hit = _Checked(key=key, padding_ok=_probe_padding(hf, ids, h), error=error)
         _CHECKED[hf] = hit
     if require and hit.error is not None:
         raise ValueError(hit.error)
@@ -1025,17 +1027,17 @@ def _probe_tol(hf) -> float:
     return 3e-2 if low_precision else 1e-3
 
 
-def _probe_head(hf) -> str | None:
-    """Checks (1) and (2) of :func:`_check_model`: ``None``, or why the model is refused."""
+def _probe_head(hf, ids: torch.Tensor) -> tuple[str | None, torch.Tensor | None]:
+    """Checks (1) and (2) of :func:`_check_model` on ``ids``: (``None`` or why the model is
+    refused, the last hidden states ``h`` of ``ids`` or ``None`` if they were not computed)."""
     arch = _architecture(hf)
     try:
         _final_norm_of(hf)
     except ValueError as exc:
-        return str(exc)
+        return str(exc), None
     out = _output_embeddings(hf)
     n_rows = out.weight.shape[0]
     tol = _probe_tol(hf)
-    ids = _probe_ids(hf)
     norm = _find_final_norm(hf)
     seen: list[torch.Tensor] = []
     handle = None
@@ -1054,19 +1056,19 @@ def _probe_head(hf) -> str | None:
                 f"model: {arch} is not supported: the output of its final norm "
                 f"({type(norm).__name__}) is not the hidden state its head receives (a projection "
                 "or another transform sits between them), so the final-norm facts would be wrong"
-            )
+            ), h
     if out.weight.shape[1] != h.shape[-1]:
         return (
             f"model: {arch} is not supported: its unembedding takes vectors of dimension "
             f"{out.weight.shape[1]} but its last hidden state has {h.shape[-1]} (a projection "
             "between them that the adapter does not model)"
-        )
+        ), h
     z_own = _own_last_logits(hf, ids, None)
     if z_own.shape != (2, n_rows):
         return (
             f"model: {arch} is not supported: its logits have {z_own.shape[-1]} columns but its "
             f"output projection has {n_rows} rows"
-        )
+        ), h
     z = h.to(torch.float64) @ out.weight.detach().to(torch.float64).T
     b = getattr(out, "bias", None)
     if isinstance(b, torch.Tensor):
@@ -1083,19 +1085,20 @@ def _probe_head(hf) -> str | None:
             "their scale; the model applies something between the final hidden state and the "
             "unembedding that the adapter does not model (supported: final norm, W, output bias, "
             "logit scale, final-logit soft-cap)"
-        )
-    return None
+        ), h
+    return None, h
 
 
-def _probe_padding(hf) -> bool:
-    """Check (3) of :func:`_check_model`: does a padded batch reproduce the unpadded rows?"""
-    ids = _probe_ids(hf)
+def _probe_padding(hf, ids: torch.Tensor, h: torch.Tensor | None) -> bool:
+    """Check (3) of :func:`_check_model`: does a padded batch of ``ids`` reproduce their
+    unpadded last hidden states ``h`` (computed here when ``None``)?"""
     pad = torch.zeros((2, _PROBE_PAD), dtype=torch.long)
     one = torch.ones((2, _PROBE_LENGTH), dtype=torch.long)
     padded = torch.cat([torch.cat([pad[:1], ids[:1]], 1), torch.cat([ids[1:], pad[1:]], 1)])
     mask = torch.cat([torch.cat([pad[:1], one[:1]], 1), torch.cat([one[1:], pad[1:]], 1)])
     try:
-        h = _base_last_hidden(hf, ids, None)
+        if h is None:
+            h = _base_last_hidden(hf, ids, None)
         return _rel_err(_base_last_hidden(hf, padded, mask), h) <= _probe_tol(hf)
     except Exception as exc:  # noqa: BLE001 - a model that cannot run a padded batch at all
         _log.debug("padded probe of %s failed (%s); padded batches run row by row",

@@ -1001,6 +1001,7 @@ def _check_model(hf, *, require: bool = True) -> _Checked:
     without the padding). Tolerance: 1e-3 of the largest magnitude for float32 weights, 3e-2
     for 16-bit weights.
     """
+    _output_embeddings(hf)  # TypeError for a model without a head (not an architecture issue)
     try:
         _base_model(hf)
     except TypeError as exc:

@@ -29,6 +29,9 @@ import numbers
 import os
 import re
 import tempfile
+import warnings
+import weakref
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -231,10 +234,14 @@ class FinalNorm:
 class Unembedding:
     """The unembedding (output projection) of a causal LM and its final norm.
 
-    Logits are ``z = weight @ h + bias`` for a final hidden state ``h`` (after the final norm),
-    then, for models with ``logit_softcap = c``, ``c * tanh(z / c)`` (Gemma). The soft-capping
-    is strictly increasing, so it changes no argmax: decoder cells depend on ``weight`` and
-    ``bias`` only.
+    Logits are ``z = s * (weight @ h + bias)`` for a final hidden state ``h`` (the output of the
+    final norm) and the model's ``logit_scale = s > 0`` (1 for most models; Cohere's
+    ``logit_scale``, ``1 / logits_scaling`` for Granite and MiniCPM3), then, for models with
+    ``logit_softcap = c``, ``c * tanh(z / c)`` (Gemma 2/3). Both maps are strictly increasing,
+    so they change no argmax: decoder cells depend on ``weight`` and ``bias`` only, while
+    logit *differences* (margins, in nats) scale with ``s`` (see
+    :meth:`effective_weight_bias`). :func:`unembedding` checks this formula against the
+    model's own logits and refuses a model it does not reproduce.
 
     Attributes
     ----------
@@ -263,11 +270,13 @@ class Unembedding:
     dtype : str
         dtype of the arrays as extracted (``"float32"``).
     logit_softcap : float or None
-        Gemma's ``final_logit_softcapping`` (``None`` when absent).
+        The ``final_logit_softcapping`` of Gemma 2/3 and others (``None`` when absent).
     vocab_source : {"tokenizer", "config", "argument"}
         Where ``vocab_size`` came from.
     source_dtype : str or None
         How the weights were stored (from :class:`LoadedModel`), ``None`` for a raw model.
+    logit_scale : float
+        The positive factor ``s`` the model applies to ``W h + b`` (1.0 for most models).
     """
 
     weight: np.ndarray
@@ -283,9 +292,10 @@ class Unembedding:
     logit_softcap: float | None = None
     vocab_source: str = "tokenizer"
     source_dtype: str | None = None
+    logit_scale: float = 1.0
 
     def logits(self, H, *, softcap: bool = True, dtype=np.float32) -> np.ndarray:
-        """Logits of final hidden states, ``W h + b`` (then soft-capped if the model does).
+        """The model's logits of final hidden states, ``s * (W h + b)``, then soft-capped.
 
         Parameters
         ----------
@@ -299,24 +309,48 @@ class Unembedding:
         Returns
         -------
         numpy.ndarray of shape (N, n_rows) or (n_rows,), of ``dtype``
+            In nats (natural-log units, as the model's own logits), ``logit_scale`` included.
 
         Raises
         ------
         ValueError
-            ``H`` whose last dimension is not ``hidden_size``.
+            ``H`` that is not 1-D or 2-D or whose last dimension is not ``hidden_size``.
+        TypeError
+            ``dtype`` other than float32/float64.
         """
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype: expected float32 or float64, got {dtype}")
         H = np.asarray(H, dtype=dtype)
-        if H.shape[-1] != self.hidden_size:
-            raise ValueError(f"H: expected last dimension {self.hidden_size}, got shape {H.shape}")
+        if H.ndim not in (1, 2) or H.shape[-1] != self.hidden_size:
+            raise ValueError(
+                f"H: expected shape (N, {self.hidden_size}) or ({self.hidden_size},), got {H.shape}"
+            )
         z = H @ self.weight.T.astype(dtype, copy=False)
         if self.bias is not None:
             z = z + self.bias
+        if self.logit_scale != 1.0:
+            z = z * dtype.type(self.logit_scale)
         if softcap and self.logit_softcap is not None:
             z = self.logit_softcap * np.tanh(z / self.logit_softcap)
         return z
+
+    def effective_weight_bias(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(s * W, s * b)``: the affine map whose values are the model's logits before soft-capping.
+
+        Use these (not ``weight``/``bias``) wherever logit *values* or *differences* matter,
+        e.g. decoder margins in nats; the argmax cells are the same for both since ``s > 0``.
+
+        Returns
+        -------
+        weight : numpy.ndarray of shape (n_rows, d), float32
+            ``weight`` itself when ``logit_scale == 1``, else a scaled copy.
+        bias : numpy.ndarray of shape (n_rows,), float32, or None
+        """
+        if self.logit_scale == 1.0:
+            return self.weight, self.bias
+        s = np.float32(self.logit_scale)
+        return self.weight * s, (None if self.bias is None else self.bias * s)
 
     def to_dict(self) -> dict:
         """JSON-able model facts (no arrays): sizes, tied, bias, norm, soft-cap, dtypes."""
@@ -331,6 +365,7 @@ class Unembedding:
             "has_bias": self.bias is not None,
             "final_norm": self.norm.to_dict(),
             "logit_softcap": self.logit_softcap,
+            "logit_scale": float(self.logit_scale),
             "dtype": self.dtype,
             "source_dtype": self.source_dtype,
         }
@@ -584,11 +619,48 @@ def _is_tied(out: torch.nn.Module, inp: torch.nn.Module | None) -> bool:
     return a is b or (a.shape == b.shape and a.data_ptr() == b.data_ptr())
 
 
-def _softcap(hf) -> float | None:
+def _architecture(hf) -> str:
+    """``"GPT2LMHeadModel (model_type 'gpt2')"``: how errors name a model's architecture."""
+    return f"{type(hf).__name__} (model_type {getattr(hf.config, 'model_type', None)!r})"
+
+
+def _head_config(hf):
     cfg = getattr(hf, "config", None)
-    cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
-    v = getattr(cfg, "final_logit_softcapping", None)
-    return float(v) if v is not None else None
+    return getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+
+
+def _positive_config_value(hf, attr: str) -> float | None:
+    v = getattr(_head_config(hf), attr, None)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (np.isfinite(v) and v > 0):
+        raise ValueError(
+            f"model: {_architecture(hf)} has config.{attr} = {v!r}; expected a positive finite "
+            "number (a zero, negative or NaN value changes or destroys the argmax of the logits)"
+        )
+    return float(v)
+
+
+def _softcap(hf) -> float | None:
+    """``config.final_logit_softcapping`` (Gemma 2/3, NanoChat), ``None`` when absent."""
+    return _positive_config_value(hf, "final_logit_softcapping")
+
+
+# config attribute -> exponent of the factor it applies to ``W h + b``: Cohere multiplies the
+# logits by ``logit_scale``; Granite divides them by ``logits_scaling`` (MiniCPM3 divides the
+# hidden state by it, the same without an output bias); Inkling divides the hidden state by
+# ``logits_mup_width_multiplier``. Any other convention fails the check in _check_model.
+_LOGIT_SCALE_ATTRS = (("logit_scale", 1), ("logits_scaling", -1), ("logits_mup_width_multiplier", -1))
+
+
+def _logit_scale(hf) -> float:
+    """The positive factor ``s`` of ``z = s * (W h + b)`` read from the config (1.0 if none)."""
+    s = 1.0
+    for attr, power in _LOGIT_SCALE_ATTRS:
+        v = _positive_config_value(hf, attr)
+        if v is not None:
+            s *= v ** power
+    return s
 
 
 # --------------------------------------------------------------------------------------------
@@ -620,7 +692,9 @@ def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
     TypeError
         ``model`` is neither a LoadedModel nor a transformers model, or has no unembedding.
     ValueError
-        ``vocab_size`` not a positive integer, or a final norm of an unknown convention.
+        ``vocab_size`` not a positive integer, a final norm of an unknown convention, a
+        non-positive logit scale or soft-cap, or an architecture whose logits the adapter does
+        not reproduce (the message names it).
 
     Notes
     -----
@@ -629,9 +703,20 @@ def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
     ``base_model.ln_f`` (GPT-2). Gemma also multiplies its *input* embeddings by ``sqrt(d)``
     (see :func:`input_embedding_scale`); that does not touch the unembedding. Gemma's
     ``final_logit_softcapping`` is monotone, so the argmax cells of ``W h + b`` are those of the
-    model; it is recorded in ``logit_softcap``.
+    model; it is recorded in ``logit_softcap``. A scale between the hidden state and the logits
+    (Cohere's ``logit_scale``, Granite's and MiniCPM3's ``logits_scaling``) is recorded in
+    ``logit_scale``.
+
+    Before anything is extracted, the model is checked on a fixed probe batch (see
+    :func:`hidden_states`): the final norm's output must be the hidden state the head receives,
+    and ``s * (W h + b)`` (soft-capped) must equal the model's own last-position logits to
+    1e-3 of their largest magnitude (3e-2 for 16-bit weights). A model that fails (a transform
+    head as in BERT, a projection after the final norm, an unknown logit convention) is
+    refused with a ValueError naming its architecture; no partial object is returned. The
+    check runs once per model object (about three forward passes of 2 x 9 tokens).
     """
     hf, tokenizer, name, source_dtype = _unwrap(model)
+    _check_model(hf)
     out = _output_embeddings(hf)
     weight = out.weight.detach().to(torch.float32).cpu().numpy().copy()
     if weight.ndim != 2:
@@ -655,7 +740,7 @@ def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
     return Unembedding(
         weight=weight,
         bias=bias,
-        norm=_describe_norm(_find_final_norm(hf)),
+        norm=_final_norm_of(hf),
         tied=_is_tied(out, inp),
         vocab_size=int(vocab),
         n_rows=int(n_rows),
@@ -666,7 +751,17 @@ def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
         logit_softcap=_softcap(hf),
         vocab_source=source,
         source_dtype=source_dtype,
+        logit_scale=_logit_scale(hf),
     )
+
+
+def _final_norm_of(hf) -> FinalNorm:
+    """:func:`_describe_norm` of the final norm, a ValueError naming the architecture if the
+    norm's convention is unknown."""
+    try:
+        return _describe_norm(_find_final_norm(hf))
+    except ValueError as exc:
+        raise ValueError(f"model: {_architecture(hf)} is not supported: {exc}") from None
 
 
 def input_embedding_scale(model) -> float:
@@ -733,6 +828,233 @@ def _last_index(mask: torch.Tensor | None, length: int, batch: int) -> torch.Ten
     return length - 1 - torch.argmax(torch.flip(mask, dims=[1]), dim=1)
 
 
+def _position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only: ``max(cumsum(mask) - 1, 0)``.
+
+    With left padding the first real token gets position 0, as in the unpadded sequence (what
+    ``generate`` passes); models with absolute position embeddings (GPT-2, OPT, XGLM) need it.
+    """
+    return (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts(forward_cls: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(forward_cls.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+
+
+def _call_kwargs(module, ids: torch.Tensor, mask: torch.Tensor | None) -> dict:
+    kw = {"input_ids": ids, "use_cache": False}
+    if mask is not None:
+        kw["attention_mask"] = mask
+        if _accepts(type(module), "position_ids"):
+            kw["position_ids"] = _position_ids(mask)
+    return kw
+
+
+def _base_last_hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``base_model(...).last_hidden_state`` at each row's last attended position, (B, d)."""
+    base = _base_model(hf)
+    with torch.inference_mode():
+        out = base(**_call_kwargs(base, ids, mask))
+        last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        idx = _last_index(mask, ids.shape[1], ids.shape[0])
+        return last[torch.arange(ids.shape[0]), idx]
+
+
+def _own_last_logits(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The model's own forward pass, logits at each row's last attended position, (B, cols)."""
+    kw = _call_kwargs(hf, ids, mask)
+    keep_last = mask is None or bool(mask[:, -1].all())
+    if keep_last and _accepts(type(hf), "logits_to_keep"):
+        kw["logits_to_keep"] = 1
+    with torch.inference_mode():
+        z = hf(**kw).logits
+        if z.shape[1] == 1:
+            return z[:, 0]
+        idx = _last_index(mask, ids.shape[1], ids.shape[0])
+        return z[torch.arange(ids.shape[0]), idx]
+
+
+def _by_row(fn, hf, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``fn`` on each row's attended tokens without padding, rows of equal length batched.
+
+    Only for masks that are one contiguous run of ones per row (left or right padding).
+    """
+    first = torch.argmax(mask, dim=1)
+    last = _last_index(mask, ids.shape[1], ids.shape[0])
+    counts = mask.sum(dim=1)
+    holes = torch.nonzero(counts != last - first + 1).flatten()
+    if holes.numel():
+        raise ValueError(
+            f"attention_mask: {_architecture(hf)} does not give the hidden states of the unpadded "
+            "sequences in a padded batch, so each row's mask must be one run of ones (left or "
+            f"right padding); row {int(holes[0])} has zeros between ones"
+        )
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(counts.tolist()):
+        groups.setdefault(n, []).append(i)
+    out = None
+    for n, rows in groups.items():
+        sub = torch.stack([ids[i, int(first[i]):int(first[i]) + n] for i in rows])
+        res = fn(hf, sub, None)
+        if out is None:
+            out = res.new_empty((ids.shape[0],) + tuple(res.shape[1:]))
+        out[rows] = res
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """What the probe in :func:`_check_model` established about one model object."""
+
+    key: tuple
+    padding_ok: bool  # a padded batch (mask + position ids) reproduces the unpadded rows
+    error: str | None  # why the adapter refuses the model, None if it does not
+
+
+_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, _Checked]" = weakref.WeakKeyDictionary()
+_PROBE_LENGTH, _PROBE_PAD = 6, 3
+
+
+def _model_key(hf) -> tuple:
+    """What the check depends on: the head module and weight storage, the final norm, the
+    configured logit scale and soft-cap (a swapped head or norm re-runs the check)."""
+    out = _output_embeddings(hf)
+    norm = _find_final_norm(hf)
+    return (id(out), out.weight.data_ptr(), tuple(out.weight.shape), id(norm),
+            _logit_scale(hf), _softcap(hf))
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return float("inf")
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    diff = float((a - b).abs().max()) if b.numel() else 0.0
+    return 0.0 if diff == 0.0 else diff / max(scale, 1e-30)
+
+
+def _check_model(hf, *, require: bool = True) -> _Checked:
+    """Check, once per model object, that the adapter's formula gives the model's own logits.
+
+    On a fixed probe batch (two rows of :data:`_PROBE_LENGTH` token ids, seeded): (1) the final
+    norm's output at the last position is the base model's last hidden state ``h``; (2)
+    ``s * (W h + b)``, soft-capped, equals the model's own last-position logits; (3) the same
+    rows, one left- and one right-padded by :data:`_PROBE_PAD`, give the same ``h`` through a
+    padded batch. (1) and (2) are required: with ``require`` a failure is a ValueError naming
+    the architecture. (3) only decides how padded batches are run (batched, or row by row
+    without the padding). Tolerance: 1e-3 of the largest magnitude for float32 weights, 3e-2
+    for 16-bit weights.
+    """
+    _output_embeddings(hf)  # TypeError for a model without a head (not an architecture issue)
+    try:
+        _base_model(hf)
+    except TypeError as exc:
+        raise ValueError(f"model: {_architecture(hf)} is not supported: {exc}") from None
+    key = _model_key(hf)
+    hit = _CHECKED.get(hf)
+    if hit is None or hit.key != key:
+        ids = _probe_ids(hf)
+        error, h = _probe_head(hf, ids)
+        hit = _Checked(key=key, padding_ok=_probe_padding(hf, ids, h), error=error)
+        _CHECKED[hf] = hit
+    if require and hit.error is not None:
+        raise ValueError(hit.error)
+    return hit
+
+
+def _probe_ids(hf) -> torch.Tensor:
+    vocab = max(1, min(int(_output_embeddings(hf).weight.shape[0]), _config_vocab(hf)))
+    return torch.randint(0, vocab, (2, _PROBE_LENGTH), generator=torch.Generator().manual_seed(0))
+
+
+def _probe_tol(hf) -> float:
+    low_precision = _output_embeddings(hf).weight.dtype in (torch.float16, torch.bfloat16)
+    return 3e-2 if low_precision else 1e-3
+
+
+def _probe_head(hf, ids: torch.Tensor) -> tuple[str | None, torch.Tensor | None]:
+    """Checks (1) and (2) of :func:`_check_model` on ``ids``: (``None`` or why the model is
+    refused, the last hidden states ``h`` of ``ids`` or ``None`` if they were not computed)."""
+    arch = _architecture(hf)
+    try:
+        _final_norm_of(hf)
+    except ValueError as exc:
+        return str(exc), None
+    out = _output_embeddings(hf)
+    n_rows = out.weight.shape[0]
+    tol = _probe_tol(hf)
+    norm = _find_final_norm(hf)
+    seen: list[torch.Tensor] = []
+    handle = None
+    if norm is not None:
+        handle = norm.register_forward_hook(lambda mod, args, res: seen.append(
+            (res[0] if isinstance(res, tuple) else res).detach()))
+    try:
+        h = _base_last_hidden(hf, ids, None)
+    finally:
+        if handle is not None:
+            handle.remove()
+    if norm is not None:
+        normed = seen[-1][:, -1] if seen and seen[-1].ndim == 3 else None
+        if normed is None or normed.shape != h.shape or not _rel_err(h, normed) <= tol:
+            return (
+                f"model: {arch} is not supported: the output of its final norm "
+                f"({type(norm).__name__}) is not the hidden state its head receives (a projection "
+                "or another transform sits between them), so the final-norm facts would be wrong"
+            ), h
+    if out.weight.shape[1] != h.shape[-1]:
+        return (
+            f"model: {arch} is not supported: its unembedding takes vectors of dimension "
+            f"{out.weight.shape[1]} but its last hidden state has {h.shape[-1]} (a projection "
+            "between them that the adapter does not model)"
+        ), h
+    z_own = _own_last_logits(hf, ids, None)
+    if z_own.shape != (2, n_rows):
+        return (
+            f"model: {arch} is not supported: its logits have {z_own.shape[-1]} columns but its "
+            f"output projection has {n_rows} rows"
+        ), h
+    z = h.to(torch.float64) @ out.weight.detach().to(torch.float64).T
+    b = getattr(out, "bias", None)
+    if isinstance(b, torch.Tensor):
+        z = z + b.detach().to(torch.float64)
+    scale, cap = _logit_scale(hf), _softcap(hf)
+    z = z * scale
+    if cap is not None:
+        z = cap * torch.tanh(z / cap)
+    err = _rel_err(z, z_own)
+    if not err <= tol:
+        return (
+            f"model: {arch} is not supported: s * (W h + b) from its last hidden state (s = "
+            f"{scale:g}, soft-cap {cap}) differs from the model's own logits by {err:.2g} of "
+            "their scale; the model applies something between the final hidden state and the "
+            "unembedding that the adapter does not model (supported: final norm, W, output bias, "
+            "logit scale, final-logit soft-cap)"
+        ), h
+    return None, h
+
+
+def _probe_padding(hf, ids: torch.Tensor, h: torch.Tensor | None) -> bool:
+    """Check (3) of :func:`_check_model`: does a padded batch of ``ids`` reproduce their
+    unpadded last hidden states ``h`` (computed here when ``None``)?"""
+    pad = torch.zeros((2, _PROBE_PAD), dtype=torch.long)
+    one = torch.ones((2, _PROBE_LENGTH), dtype=torch.long)
+    padded = torch.cat([torch.cat([pad[:1], ids[:1]], 1), torch.cat([ids[1:], pad[1:]], 1)])
+    mask = torch.cat([torch.cat([pad[:1], one[:1]], 1), torch.cat([one[1:], pad[1:]], 1)])
+    try:
+        if h is None:
+            h = _base_last_hidden(hf, ids, None)
+        return _rel_err(_base_last_hidden(hf, padded, mask), h) <= _probe_tol(hf)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot run a padded batch at all
+        _log.debug("padded probe of %s failed (%s); padded batches run row by row",
+                   _architecture(hf), exc)
+        return False
+
+
 def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
     """Last-position final hidden states, after the final norm: the vectors multiplied by ``W``.
 
@@ -742,41 +1064,48 @@ def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
     input_ids : array_like of int, shape (B, L) or (L,)
         Token ids in ``[0, n_rows)``.
     attention_mask : array_like of {0, 1}, shape (B, L), optional
-        With right padding, the "last position" of a row is its last attended one.
+        Left or right padding: the "last position" of a row is its last attended one, and
+        positions are counted over attended tokens (``max(cumsum(mask) - 1, 0)``), so a padded
+        row gives the hidden state of the unpadded sequence.
 
     Returns
     -------
     numpy.ndarray of shape (B, d), float32
-        ``h`` such that the model's last-position logits are ``W h + b`` (soft-capped for
-        Gemma); checked against the model's own logits in the tests for Llama, Qwen2, Gemma3,
-        GPT-NeoX and GPT-2.
+        ``h`` such that the model's last-position logits are ``s * (W h + b)`` (soft-capped for
+        Gemma 2/3), see :meth:`Unembedding.logits`; checked against the model's own logits on a
+        probe batch before use, and in ``tests/test_adapter_architectures.py`` for dozens of
+        architectures, with and without padding.
 
     Raises
     ------
     TypeError
         Not a model or not integer ids.
     ValueError
-        Empty ids, ids out of range, a mask of the wrong shape or content.
+        Empty ids, ids out of range, a mask of the wrong shape or content; an architecture whose
+        logits the adapter does not reproduce (named, see :func:`unembedding`); a mask with
+        zeros between ones for a model that does not handle padding in a batch.
 
     Notes
     -----
-    Computed as ``base_model(...).last_hidden_state`` (for these families the base transformer
-    applies the final norm before returning it), under ``torch.inference_mode``; the full
-    ``(B, L, |V|)`` logits are never formed.
+    Computed as ``base_model(...).last_hidden_state`` under ``torch.inference_mode``; the full
+    ``(B, L, |V|)`` logits are never formed. Models whose padded batches do not reproduce the
+    unpadded rows on the probe (e.g. RWKV, which ignores the mask) are run row by row without
+    the padding, rows of equal length batched.
     """
     hf, _, _, _ = _unwrap(model)
     n_rows = _output_embeddings(hf).weight.shape[0]
     ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    _check_model(hf)
     return _hidden(hf, ids, mask).numpy()
 
 
 def _hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    base = _base_model(hf)
-    with torch.inference_mode():
-        out = base(input_ids=ids, attention_mask=mask, use_cache=False)
-        last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        idx = _last_index(mask, ids.shape[1], ids.shape[0])
-        h = last[torch.arange(ids.shape[0]), idx]
+    if mask is not None and bool(mask.all()):
+        mask = None
+    if mask is not None and not _check_model(hf, require=False).padding_ok:
+        h = _by_row(_base_last_hidden, hf, ids, mask)
+    else:
+        h = _base_last_hidden(hf, ids, mask)
     return h.to(torch.float32).cpu().clone()
 
 
@@ -788,30 +1117,29 @@ def logits(model, input_ids, attention_mask=None) -> np.ndarray:
     model : LoadedModel or transformers.PreTrainedModel
     input_ids : array_like of int, shape (B, L) or (L,)
     attention_mask : array_like of {0, 1}, shape (B, L), optional
+        As in :func:`hidden_states`: positions are counted over attended tokens, and a model
+        that does not handle padding in a batch is run row by row without it.
 
     Returns
     -------
     numpy.ndarray of shape (B, n_rows), float32
+        In nats, exactly what the model's forward pass returns at the last attended position.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`hidden_states`.
+        As :func:`hidden_states` (bad ids or mask); the architecture is not checked, since these
+        are the model's own logits.
     """
     hf, _, _, _ = _unwrap(model)
     n_rows = _output_embeddings(hf).weight.shape[0]
     ids, mask = _check_ids(input_ids, attention_mask, n_rows)
-    kw = {}
-    keep_last = mask is None or bool(mask[:, -1].all())
-    if keep_last and "logits_to_keep" in inspect.signature(hf.forward).parameters:
-        kw["logits_to_keep"] = 1
-    with torch.inference_mode():
-        z = hf(input_ids=ids, attention_mask=mask, use_cache=False, **kw).logits
-        if z.shape[1] == 1:
-            z = z[:, 0]
-        else:
-            idx = _last_index(mask, ids.shape[1], ids.shape[0])
-            z = z[torch.arange(ids.shape[0]), idx]
+    if mask is not None and bool(mask.all()):
+        mask = None
+    if mask is not None and not _check_model(hf, require=False).padding_ok:
+        z = _by_row(_own_last_logits, hf, ids, mask)
+    else:
+        z = _own_last_logits(hf, ids, mask)
     return z.to(torch.float32).cpu().numpy()
 
 
@@ -826,9 +1154,81 @@ def _length_seed(seed: int, length: int) -> int:
 
 
 def _cache_path(cache_dir: Path, name: str, key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    """``hidden_<name>_<sha256 of key, 32 hex>.npy``: the name is for people, the key decides."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[-60:] or "model"
     return cache_dir / f"hidden_{safe}_{digest}.npy"
+
+
+# config entries that name a model rather than define it (they never enter the fingerprint)
+_NAMING_CONFIG_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")
+
+
+def _weights_fingerprint(hf) -> str:
+    """A hash of everything that decides a model's hidden states: class, config and weights.
+
+    Every parameter and buffer (each stored tensor once, in name order) contributes its name,
+    dtype, shape and a CRC-32 of *all* its bytes; the config enters as sorted JSON without the
+    naming entries (``_name_or_path``, ``transformers_version``). Two models with the same config
+    and different weights, e.g. two runs' ``checkpoint-500`` folders, therefore never share a
+    cache entry. Cost: one pass over the weights' memory (about 0.3 s for SmolLM2-135M's 540 MB
+    on one core); CRC-32 is not cryptographic, so two *deliberately* colliding weight sets
+    could share an entry.
+    """
+    digest = hashlib.sha256(type(hf).__qualname__.encode())
+    cfg = hf.config.to_dict() if hasattr(hf.config, "to_dict") else dict(vars(hf.config))
+    for k in _NAMING_CONFIG_KEYS:
+        cfg.pop(k, None)
+    digest.update(json.dumps(cfg, sort_keys=True, default=repr).encode())
+    seen: set[tuple[int, int]] = set()
+    tensors = list(hf.named_parameters(remove_duplicate=True)) + list(hf.named_buffers())
+    for pname, t in sorted(tensors, key=lambda item: item[0]):
+        t = t.detach()
+        where = (t.data_ptr(), t.numel())
+        if where in seen:  # tied weights: one storage, hashed once
+            continue
+        seen.add(where)
+        raw = t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+        digest.update(f"{pname}|{t.dtype}|{tuple(t.shape)}|{zlib.crc32(raw):08x};".encode())
+    return digest.hexdigest()
+
+
+def _load_cache(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
+    """The cached array at ``path``, or ``None`` (with a warning naming the file) when it is
+    unreadable, truncated, of the wrong shape or dtype, or not finite."""
+    try:
+        H = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        why = f"unreadable ({type(exc).__name__}: {exc})"
+    else:
+        if H.shape != shape or H.dtype != np.float32:
+            why = f"shape {H.shape} dtype {H.dtype}, expected {shape} float32"
+        elif not np.isfinite(H).all():
+            why = "non-finite values"
+        else:
+            return H
+    warnings.warn(f"cache file {path} is corrupt ({why}); recomputing it", RuntimeWarning,
+                  stacklevel=3)
+    return None
+
+
+def _save_cache(path: Path, H: np.ndarray) -> None:
+    """Write ``H`` atomically (temporary file, then rename); a failure is a warning, not a loss
+    of the computed result."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, H)
+        os.replace(tmp, path)
+    except OSError as exc:
+        warnings.warn(f"cannot write cache file {path} ({exc}); the result is not cached",
+                      RuntimeWarning, stacklevel=3)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def sample_hidden_states(
@@ -862,9 +1262,13 @@ def sample_hidden_states(
         Seed (>= 0). Each length gets its own ``torch.Generator`` seeded from ``(seed, l)``, so
         the draws for one length do not depend on the other lengths.
     cache_dir : str or path-like, optional
-        If given, the result is stored as ``hidden_<model>_<hash>.npy`` there, the hash over the
-        model name, its (n_rows, d), the lengths, ``n_per_length``, the seed and the vocabulary
-        policy; a later call with the same key loads it instead of running the model.
+        If given, the result is stored as ``hidden_<model>_<hash>.npy`` there, the hash over a
+        fingerprint of the model's class, config and weights (all bytes of every tensor, see
+        Notes), the lengths, ``n_per_length``, the seed and the token ids that may be drawn; a
+        later call with the same key loads it instead of running the model. A cache file that
+        cannot be read or has the wrong shape, dtype or non-finite values is recomputed and
+        rewritten, with a ``RuntimeWarning`` naming it; a cache folder that cannot be written is
+        a warning, and the result is returned uncached.
     progress : bool, default True
         tqdm progress bar over sequences.
 
@@ -881,14 +1285,18 @@ def sample_hidden_states(
         Non-integer lengths, counts or seed; not a model.
     ValueError
         Empty ``lengths``, a length or count <= 0, a length above the model's maximum
-        position, a negative seed.
+        position, a negative seed; an architecture whose logits the adapter does not reproduce
+        (named, see :func:`unembedding`).
 
     Notes
     -----
     Runs under ``torch.inference_mode``. Cost grows as ``sum(l) * n_per_length`` tokens (and
     quadratically in ``l`` through attention); on 2 cores SmolLM2-135M takes about 0.9 s for
     8 sequences x 64 tokens. Batch-size changes the float32 rounding of the result slightly
-    (different GEMM blocking) but not its meaning, so it is not part of the cache key.
+    (different GEMM blocking) but not its meaning, so it is not part of the cache key. The
+    weight fingerprint reads every byte of the weights once per call with ``cache_dir``
+    (CRC-32 per tensor; about 0.3 s for SmolLM2-135M), so that two models with the same name
+    and config but different weights never share an entry.
     """
     hf, tokenizer, name, _ = _unwrap(model)
     if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
@@ -908,19 +1316,19 @@ def sample_hidden_states(
     vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), n_rows)
     allowed = _allowed_token_ids(hf, tokenizer, vocab)
     row_lengths = np.repeat(np.asarray(lengths, dtype=np.int64), n)
+    _check_model(hf)
 
     path = None
     if cache_dir is not None:
-        key = {"version": 1, "model": name, "n_rows": int(n_rows), "d": int(d),
-               "lengths": lengths, "n_per_length": n, "seed": seed,
-               "vocab": int(vocab), "n_allowed": int(allowed.size), "bos": False}
-        cache_dir = Path(cache_dir)
-        path = _cache_path(cache_dir, name, key)
+        key = {"version": 2, "weights": _weights_fingerprint(hf), "n_rows": int(n_rows),
+               "d": int(d), "lengths": lengths, "n_per_length": n, "seed": seed,
+               "allowed": hashlib.sha256(allowed.astype("<i8").tobytes()).hexdigest(),
+               "bos": False}
+        path = _cache_path(Path(cache_dir), name, key)
         if path.is_file():
-            H = np.load(path)
-            if H.shape == (row_lengths.size, d) and H.dtype == np.float32:
+            H = _load_cache(path, (row_lengths.size, int(d)))
+            if H is not None:
                 return H, row_lengths
-            _log.warning("ignoring cache %s: shape %s dtype %s", path, H.shape, H.dtype)
 
     from tqdm.auto import tqdm
 
@@ -940,14 +1348,5 @@ def sample_hidden_states(
                 done += b
                 bar.update(b)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
-        os.close(fd)
-        try:
-            with open(tmp, "wb") as fh:
-                np.save(fh, H)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        _save_cache(path, H)
     return H, row_lengths

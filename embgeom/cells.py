@@ -118,7 +118,10 @@ class Decoder:
         ----------
         u : object
             Needs ``weight`` (float32, shape (n_rows, d)), ``bias`` ((n_rows,) or None),
-            ``vocab_size`` and ``padded_rows``.
+            ``vocab_size`` and ``padded_rows``. With ``effective_weight_bias()`` (an
+            :class:`embgeom.adapters.Unembedding`), the decoder is built from the scaled
+            ``(s W, s b)``, so margins are in the model's own logit units; the cells do not
+            depend on ``s > 0``.
         keep_padded : bool, default False
             Padding rows (``n_rows - vocab_size`` rows no tokenizer id reaches) are dropped by
             default, so token ids and cells are those of the real vocabulary. ``True`` keeps
@@ -137,8 +140,11 @@ class Decoder:
         """
         if not hasattr(u, "weight"):
             raise TypeError(f"u: expected an Unembedding (with .weight), got {type(u).__name__}")
-        W = u.weight
-        b = getattr(u, "bias", None)
+        if hasattr(u, "effective_weight_bias"):
+            # the model's own logits s (W h + b): margins in its units (Cohere's logit_scale)
+            W, b = u.effective_weight_bias()
+        else:
+            W, b = u.weight, getattr(u, "bias", None)
         padded = int(getattr(u, "padded_rows", 0) or 0)
         if padded > 0 and not keep_padded:
             n = int(u.vocab_size)

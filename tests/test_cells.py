@@ -308,3 +308,18 @@ def test_real_smollm2_assignment(smollm2_unembedding, smollm2_hidden):
     np.testing.assert_array_equal(got[clear], z.argmax(axis=1)[clear])
     m = dec.margins(H)
     np.testing.assert_allclose(m[clear], (srt[:, -1] - srt[:, -2])[clear], rtol=1e-3, atol=1e-3)
+
+
+def test_from_unembedding_uses_the_models_logit_scale():
+    """A Cohere-style logit_scale s: margins are s times the unscaled ones, cells unchanged."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((20, 4)).astype(np.float32)
+    H = rng.standard_normal((50, 4))
+    s = np.float32(0.0625)
+    u = SimpleNamespace(weight=W, bias=None, vocab_size=20, padded_rows=0,
+                        effective_weight_bias=lambda: (W * s, None))
+    scaled, plain = Decoder.from_unembedding(u), Decoder(W)
+    np.testing.assert_array_equal(scaled.assign(H), plain.assign(H))
+    np.testing.assert_allclose(scaled.margins(H), s * plain.margins(H), rtol=1e-5, atol=1e-7)

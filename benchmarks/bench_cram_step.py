@@ -70,6 +70,18 @@ ratios, from interleaved rounds, are what to read. ``--rounds 3 --steps 2``:
   (``--compile`` re-measures it; a shrinking batch also recompiles). On a GPU, compilation
   or CUDA graphs address the launch overhead instead (see ``embgeom/_cram_protocol.py``).
 
+Verdicts (``--verdicts float32|bf16-autocast --lengths 8 --verdict-steps 300``, then
+``--compare``; SmolLM2, m = 1, 8 targets at n = 8, seed 0, lr 1e-2, judged in float32):
+
+    float32        3/8 crammed   steps 157 124 300 300 300 300 300 261   (607 s)
+    bf16 autocast  2/8 crammed   steps 143 120 300 300 300 300 300 300   (393 s)
+
+One verdict changed: the last target, crammed at step 261 in float32, was not crammed by step
+300 under bf16 autocast (its float32 teacher-forced accuracy at the cap 0.625). Both targets
+bf16 stopped were confirmed by float32 teacher forcing and generation (no false success). The
+n = 12 half of the check set was not run (the float32 run alone needs ~15 min under this load).
+By the issue's rule bf16 autocast is therefore an option, not the default.
+
 Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_cram_step.py [--rounds 3] [--steps 2] \

@@ -78,12 +78,16 @@ MODEL_DIMS = {
     "gemma-3-270m": ModelDims(layers=18, hidden=640, ffn=2048, vocab=262144, q_dim=1024, kv_dim=256),
 }
 
-#: One NVIDIA H200 (SXM): dense bf16 tensor-core peak 989 TFLOP/s (vendor sheet). ``mfu``: the
+#: One NVIDIA H200 (SXM): dense tensor-core peaks 989 TFLOP/s bf16 and 494 TFLOP/s TF32
+#: (vendor sheet; plain float32 without TF32 is 67). ``mfu``: the
 #: fraction of it a 576-640-wide model reaches (assumed; small GEMMs). ``overhead_per_layer_s``:
 #: the launch-bound time of one eager forward + backward per decoder layer (assumed ~1 ms:
 #: ~30 kernels forward, ~60 backward, Python dispatch). The first GPU run should measure both
 #: and replace them.
-H200 = {"bf16_tflops": 989.0, "mfu": 0.25, "overhead_per_layer_s": 1.0e-3}
+H200 = {"bf16_tflops": 989.0, "tf32_tflops": 494.0, "mfu": 0.25, "overhead_per_layer_s": 1.0e-3}
+
+#: Precision of the model forward -> the key of its peak in the GPU dict.
+_PEAK = {"bf16-autocast": "bf16_tflops", "tf32": "tf32_tflops"}
 
 #: Guessed range of C_emp (tokens per vector) under the paper's protocol, used to place the
 #: lengths. SmolLM2-135M: n50(1) = 14.3 [9.7, 17.6] with <= 1000 Adam steps
@@ -140,12 +144,13 @@ def step_flops(dims: ModelDims, input_len: int, scored: int, *, attention: bool 
     return 2.0 * dims.layers * linear * input_len + 3.0 * dims.layers * attn + 2.0 * head
 
 
-def estimate_seconds(dims: ModelDims, buckets, steps: int, gpu: dict = H200) -> float:
+def estimate_seconds(dims: ModelDims, buckets, steps: int, gpu: dict = H200,
+                     precision: str = "bf16-autocast") -> float:
     """Worst-case seconds of the optimisation loop: every row runs ``steps`` steps.
 
     Each bucket is one batch; its step takes the larger of the launch overhead
-    (``layers * overhead_per_layer_s``) and its FLOPs at ``bf16_tflops * mfu``. Buckets run one
-    after another.
+    (``layers * overhead_per_layer_s``) and its FLOPs at the precision's peak times ``mfu``.
+    Buckets run one after another.
 
     Parameters
     ----------
@@ -155,14 +160,17 @@ def estimate_seconds(dims: ModelDims, buckets, steps: int, gpu: dict = H200) -> 
         input ``1 + m + n - 1`` and score its longest n.
     steps : int
     gpu : dict
-        ``bf16_tflops``, ``mfu``, ``overhead_per_layer_s`` (see :data:`H200`).
+        ``bf16_tflops`` / ``tf32_tflops``, ``mfu``, ``overhead_per_layer_s`` (see :data:`H200`).
+    precision : {"bf16-autocast", "tf32"}, default "bf16-autocast"
 
     Returns
     -------
     float
         Seconds.
     """
-    rate = gpu["bf16_tflops"] * 1e12 * gpu["mfu"]
+    if precision not in _PEAK:
+        raise ValueError(f"precision: expected one of {sorted(_PEAK)}, got {precision!r}")
+    rate = gpu[_PEAK[precision]] * 1e12 * gpu["mfu"]
     overhead = dims.layers * gpu["overhead_per_layer_s"]
     total = 0.0
     for rows in buckets:
@@ -180,7 +188,7 @@ def _lengths(c_lo: float, c_hi: float, m: int, k: int) -> list[int]:
 
 
 def paper_protocol(model: str, *, gpu: dict = H200, budget_s: float = 600.0, n_targets: int = 8,
-                   n_lengths: int = 5, n_buckets: int = 2) -> dict:
+                   n_lengths: int = 5, n_buckets: int = 2, precision: str = "bf16-autocast") -> dict:
     """The ``--protocol paper`` preset for one model: optimiser constants, grid and time estimate.
 
     Parameters
@@ -198,14 +206,21 @@ def paper_protocol(model: str, *, gpu: dict = H200, budget_s: float = 600.0, n_t
     n_buckets : int, default 2
         Batches the rows are split into, by input length (short rows do not pay for the padding
         of long ones); each costs at least ``steps * overhead``.
+    precision : {"bf16-autocast", "tf32"}, default "bf16-autocast"
+        The model forward's precision on the GPU (memory vectors, loss and optimiser float32
+        either way). On a CPU, bf16 autocast changed 1 of 8 verdicts of a 300-step check set
+        (a target crammed at step 261 in float32 was not by step 300;
+        ``benchmarks/bench_cram_step.py``), so the run must confirm every stop in float32 and
+        judge every target by float32 greedy generation. With ``"tf32"`` (half the bf16
+        peak) Gemma-3-270m's grid still fits (470 s worst case) but SmolLM2's needs 5 targets
+        per (m, n) instead of 8.
 
     Returns
     -------
     dict
         ``model``, ``mem`` (list of m), ``lengths`` ({m: [n, ...]}), ``n_targets``, the
         optimiser constants of :data:`PAPER_OPTIMISER`, ``target_source`` ("random-tokens"),
-        ``start_token`` ("auto"), ``precision`` ("bf16-autocast": the model forward in bf16,
-        memory vectors, loss and optimiser float32), ``device`` ("cuda"), ``check`` ("float32
+        ``start_token`` ("auto"), ``precision``, ``device`` ("cuda"), ``check`` ("float32
         greedy generation"), ``buckets`` (lists of (m, n) rows, one per target), ``estimate_s``
         (worst-case loop seconds), ``overhead_s`` (load + checks, assumed), ``budget_s`` and
         ``c_emp_guess``.
@@ -231,7 +246,7 @@ def paper_protocol(model: str, *, gpu: dict = H200, budget_s: float = 600.0, n_t
     for idx in cut:
         if len(idx):
             buckets.append([rows[i] for i in idx])
-    est = estimate_seconds(dims, buckets, PAPER_OPTIMISER["max_steps"], gpu)
+    est = estimate_seconds(dims, buckets, PAPER_OPTIMISER["max_steps"], gpu, precision)
     # load (GGUF dequantisation ~20-60 s on a CPU), float32 generation checks, margin
     overhead_s = 90.0
     if est + overhead_s > budget_s:
@@ -242,7 +257,7 @@ def paper_protocol(model: str, *, gpu: dict = H200, budget_s: float = 600.0, n_t
     return {
         "model": model, "mem": mems[model], "lengths": lengths, "n_targets": n_targets,
         **PAPER_OPTIMISER, "target_source": "random-tokens", "start_token": "auto",
-        "precision": "bf16-autocast", "device": "cuda", "check": "float32 greedy generation",
+        "precision": precision, "device": "cuda", "check": "float32 greedy generation",
         "buckets": buckets, "estimate_s": est, "overhead_s": overhead_s, "budget_s": budget_s,
         "c_emp_guess": (c_lo, c_hi),
     }

@@ -91,6 +91,20 @@ def test_paper_preset_is_consistent(model):
     assert p["estimate_s"] + p["overhead_s"] <= p["budget_s"]
 
 
+def test_tf32_scales_compute_bound_buckets_only():
+    """TF32's peak is about half bf16's: compute-bound buckets take that much longer,
+    overhead-bound ones the same; SmolLM2's 8-target grid then no longer fits, a 5-target one does."""
+    d = MODEL_DIMS["smollm2-135m"]
+    no_overhead = {**H200, "overhead_per_layer_s": 0.0}
+    rows = [[(4, 270)] * 40]
+    assert estimate_seconds(d, rows, 10, no_overhead, "tf32") == pytest.approx(
+        H200["bf16_tflops"] / H200["tf32_tflops"] * estimate_seconds(d, rows, 10, no_overhead, "bf16-autocast"))
+    assert estimate_seconds(d, [[(1, 10)]], 10, H200, "tf32") == pytest.approx(10 * 30 * 1e-3)
+    with pytest.raises(ValueError, match="budget_s"):
+        paper_protocol("smollm2-135m", precision="tf32")
+    assert paper_protocol("smollm2-135m", precision="tf32", n_targets=5)["precision"] == "tf32"
+
+
 def test_paper_preset_brackets_the_known_points():
     """Independent of the guesses: SmolLM2's n50(1) at <= 1000 steps (14.3, docs/cramming.md),
     a lower bound on the paper protocol's, and Gemma-3-270m's published 44.54 m have lengths on
@@ -109,6 +123,8 @@ def test_paper_preset_errors():
         paper_protocol("smollm2-135m", budget_s=120)
     with pytest.raises(ValueError, match="budget_s"):  # the launch overhead alone: 5000 x 30 ms x 4
         paper_protocol("smollm2-135m", n_buckets=4, budget_s=600)
+    with pytest.raises(ValueError, match="precision"):
+        paper_protocol("gemma-3-270m", precision="float16")
     with pytest.raises(ValueError, match="scored"):
         step_flops(MODEL_DIMS["smollm2-135m"], 4, 5)
     assert PAPER_OPTIMISER["optimizer"] == "adamw"

@@ -67,16 +67,20 @@ __all__ = ["ConeMeasure", "log_cone_gaussian_measure"]
 
 #: Tokens per block of the full check (a (chains, VOCAB_BLOCK) float32 buffer stays in cache).
 VOCAB_BLOCK = 4096
-#: Every this many levels (share below 2^-64 at level_prob 0.5) an LP checks whether the
-#: working-set cone is empty: then so is the cell, and the splitting would never reach it.
-EMPTY_CHECK_LEVELS = 64
+#: After this many levels (share below 2^-16 at level_prob 0.5), and again at every power of
+#: two, an LP checks whether the working-set cone is empty: then so is the cell, and the
+#: splitting would never reach it.
+EMPTY_CHECK_LEVELS = 16
 #: The spread across groups misses the randomness of the shared (pooled-quantile) levels:
 #: measured over 30-60 seeds, the real spread of log p was 0.8-1.2 times the group standard
 #: error (simplex d = 5: 1.19, cross-polytope d = 8: 1.19, orthant k = 40: 0.81), so the
 #: reported standard error is inflated by this factor.
 SE_INFLATION = 1.2
+#: Largest Gram matrix (constraints) built without a working set (16384^2 float64: 2 GiB).
+MAX_GRAM = 16384
 #: Cap on reflections per exact-HMC trajectory (a chain that reaches it stops there, inside).
 MAX_BOUNCES = 1000
+_DEBUG = False
 
 
 @dataclass
@@ -105,6 +109,10 @@ class ConeMeasure:
         Size of the final working set (``|V| - 1`` minus ties when every constraint is used).
     n_full_checks : numpy.ndarray of int64, shape (T,)
         Points checked against every row of ``W`` (probes and final checks).
+    log_check_fraction : numpy.ndarray of float64, shape (T,)
+        Log of the fraction of the working-set cone's chains found in the real cell by the
+        final full check (0 without a working set): how far (nats) the working-set cone's
+        measure, an upper bound, lies above the share.
     seconds : numpy.ndarray of float64, shape (T,)
         Wall time per token.
     confidence : float
@@ -121,6 +129,7 @@ class ConeMeasure:
     n_levels: np.ndarray
     n_constraints_used: np.ndarray
     n_full_checks: np.ndarray
+    log_check_fraction: np.ndarray
     seconds: np.ndarray
     confidence: float
     params: dict = field(default_factory=dict)
@@ -128,7 +137,8 @@ class ConeMeasure:
     def to_dict(self) -> dict:
         """JSON-able summary (medians and counts; the per-token arrays stay in numpy)."""
         fin = np.isfinite(self.log_share)
-        width = self.log_upper - self.log_lower
+        with np.errstate(invalid="ignore"):
+            width = self.log_upper - self.log_lower
         return {
             "n_tokens": int(self.token_ids.size),
             "n_resolved": int(fin.sum()),
@@ -242,6 +252,77 @@ def _one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
+class _Constraints:
+    """The working set: unit constraint rows, their shifts and Gram matrix, in growing buffers.
+
+    Rows only join (with shift ``inf``) and shifts only decrease, so the domains
+    ``{x : A x + shift >= 0}`` are nested whatever joins when.
+    """
+
+    def __init__(self, cone: _Cone, capacity: int, gram: bool):
+        self.cone = cone
+        self.cap = capacity
+        self.M = 0
+        self.in_S = np.zeros(cone.WG32.shape[0], dtype=bool)
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._A = np.zeros((0, cone.WG32.shape[1]))
+        self._shift = np.zeros(0)
+        self._gram = np.zeros((0, 0)) if gram else None
+
+    @property
+    def A(self) -> np.ndarray:
+        return self._A[: self.M]
+
+    @property
+    def shift(self) -> np.ndarray:
+        return self._shift[: self.M]
+
+    @property
+    def gram(self) -> np.ndarray:
+        return self._gram[: self.M, : self.M]
+
+    def lower_shifts(self, gamma: float):
+        np.minimum(self._shift[: self.M], gamma, out=self._shift[: self.M])
+
+    def _grow(self, need: int):
+        size = self._A.shape[0]
+        if need <= size:
+            return
+        new = min(self.cap, max(need, 2 * size, 256))
+        k = self._A.shape[1]
+        for name, shape in (("_A", (new, k)), ("_shift", (new,)), ("_ids", (new,))):
+            old = getattr(self, name)
+            buf = np.zeros(shape, dtype=old.dtype)
+            buf[: self.M] = old[: self.M]
+            setattr(self, name, buf)
+        if self._gram is not None:
+            buf = np.zeros((new, new))
+            buf[: self.M, : self.M] = self._gram[: self.M, : self.M]
+            self._gram = buf
+
+    def add(self, ids: np.ndarray) -> int:
+        """Add the constraints of these token ids (``-1`` and members are skipped); returns how many."""
+        ids = np.unique(ids[ids >= 0])
+        ids = ids[~self.in_S[ids]][: self.cap - self.M]
+        n = ids.size
+        if n == 0:
+            return 0
+        self._grow(self.M + n)
+        M0, M1 = self.M, self.M + n
+        rows = self.cone.rows(ids)
+        self._A[M0:M1] = rows
+        self._shift[M0:M1] = np.inf
+        self._ids[M0:M1] = ids
+        if self._gram is not None:
+            cross = self._A[:M0] @ rows.T
+            self._gram[:M0, M0:M1] = cross
+            self._gram[M0:M1, :M0] = cross.T
+            self._gram[M0:M1, M0:M1] = rows @ rows.T
+        self.in_S[ids] = True
+        self.M = M1
+        return n
+
+
 def _resample(inside: np.ndarray, n_groups: int, rng: np.random.Generator) -> np.ndarray:
     """Indices of the next generation: survivors copied evenly, within each group.
 
@@ -263,7 +344,8 @@ def _resample(inside: np.ndarray, n_groups: int, rng: np.random.Generator) -> np
 
 def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_groups: int,
                  level_prob: float, n_moves: int, move: str, working: bool, full_check: bool,
-                 max_constraints: int, probe_k: int, min_full_fraction: float, max_levels: int):
+                 max_constraints: int, probe_k: int, n_probes: int, min_full_fraction: float,
+                 max_levels: int):
     """Multilevel splitting for one cone. Returns (log_p, std_err, side, n_levels, |S|, n_checked)."""
     k = cone.WG32.shape[1]
     N, B = n_chains, n_groups
@@ -272,59 +354,48 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
     X = rng.standard_normal((N, k))
     counts, sizes, adaptive = [], [], []  # per recorded level: survivors, trials (per group), level set by a quantile?
     n_checked = 0
+    log_check = 0.0  # log of the accepted full-check fraction (0 without a working set)
 
-    if working:
-        S = np.zeros(0, dtype=np.int64)
-        shift = np.zeros(0)
-        in_S = np.zeros(cone.WG32.shape[0], dtype=bool)
-    else:
-        S = cone.all_constraints()
-        shift = np.full(S.size, np.inf)
-    A = cone.rows(S)
-    gram = A @ A.T
+    cs = _Constraints(cone, max_constraints, gram=(move == "hmc"))
+    if not working:
+        cs.add(cone.all_constraints())
     n_bounces = 0
 
-    def add(new_ids):
-        nonlocal S, shift, A, gram
-        new_ids = np.unique(new_ids[new_ids >= 0])
-        new_ids = new_ids[~in_S[new_ids]]
-        room = max_constraints - S.size
-        if room <= 0 or new_ids.size == 0:
-            return
-        new_ids = new_ids[:room]
-        in_S[new_ids] = True
-        S = np.concatenate([S, new_ids])
-        shift = np.concatenate([shift, np.full(new_ids.size, np.inf)])
-        A_new = cone.rows(new_ids)
-        cross = A @ A_new.T
-        gram = np.block([[gram, cross], [cross.T, A_new @ A_new.T]])
-        A = np.vstack([A, A_new])
+    probe_idx = np.arange(n_probes) * nb  # one chain in each of the first n_probes groups
+    counted = np.ones(N, dtype=bool)
+    if working:
+        # a probe's position chose constraints that cut it: counting it would bias the level's
+        # fraction down, so probes sit out the count (and the resampling) of their level
+        counted[probe_idx] = False
+    n_rank = max(1, int(math.ceil(level_prob * counted.sum())))
 
     def probe():
         nonlocal n_checked
-        idx = np.arange(0, N, nb)  # one chain per group
+        idx = probe_idx
         val, ids = cone.scan(X[idx], probe_k)
         n_checked += idx.size
-        add(np.where(val < 0, ids, -1).ravel())
+        # constraints that bind harder at the probe than every one in the working set
+        m_S = (X[idx] @ cs.A.T).min(axis=1) if cs.M else np.full(idx.size, np.inf)
+        cs.add(np.where(val < np.minimum(m_S, 0.0)[:, None], ids, -1).ravel())
 
     if working:
         probe()
     side = "two-sided" if (not working or full_check) else "upper"
-    n_rank = max(1, int(math.ceil(level_prob * N)))
     while True:
         if len(counts) >= max_levels:
             side = "unresolved"
             break
-        if len(counts) and len(counts) % EMPTY_CHECK_LEVELS == 0 and _cone_is_empty(A):
-            return -np.inf, 0.0, "empty", len(counts), int(S.size), n_checked
-        P = X @ A.T if S.size else np.zeros((N, 0))
-        m = P.min(axis=1) if S.size else np.full(N, np.inf)
-        q = np.partition(-m, n_rank - 1)[n_rank - 1]  # n_rank-th largest m is -q
+        L = len(counts)
+        if L >= EMPTY_CHECK_LEVELS and (L & (L - 1)) == 0 and _cone_is_empty(cs.A):
+            return -np.inf, 0.0, "empty", len(counts), cs.M, n_checked, 0.0
+        P = X @ cs.A.T
+        m = P.min(axis=1) if cs.M else np.full(N, np.inf)
+        q = np.partition(-m[counted], n_rank - 1)[n_rank - 1]  # n_rank-th largest m is -q
         gamma = max(0.0, q)
-        shift = np.minimum(shift, gamma)
-        inside = m >= -gamma
+        cs.lower_shifts(gamma)
+        inside = (m >= -gamma) & counted
         counts.append(np.bincount(group[inside], minlength=B))
-        sizes.append(np.full(B, nb))
+        sizes.append(np.bincount(group[counted], minlength=B))
         adaptive.append(gamma > 0.0)
         if gamma == 0.0:
             if not working or not full_check:
@@ -333,25 +404,26 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
             val, ids = cone.scan(X[sel], probe_k)
             n_checked += sel.size
             ok = val[:, 0] >= 0
-            if ok.mean() >= min_full_fraction or S.size >= max_constraints:
+            log_check = math.log(ok.mean()) if ok.any() else -np.inf
+            if ok.mean() >= min_full_fraction or cs.M >= max_constraints:
                 if not ok.any():
                     side = "unresolved"
                 counts.append(np.bincount(group[sel[ok]], minlength=B))
                 sizes.append(np.bincount(group[sel], minlength=B))
                 adaptive.append(False)
                 break
-            add(np.where(val[~ok] < 0, ids[~ok], -1).ravel())
+            cs.add(np.where(val[~ok] < 0, ids[~ok], -1).ravel())
         X = X[_resample(inside, B, rng)]
-        P = X @ A.T if S.size else np.zeros((N, 0))
-        P = np.ascontiguousarray(P)
+        P = np.ascontiguousarray(X @ cs.A.T)
         for _ in range(n_moves):
             nu = rng.standard_normal((N, k))
-            Q = np.ascontiguousarray(nu @ A.T) if S.size else np.zeros((N, 0))
+            Q = np.ascontiguousarray(nu @ cs.A.T)
             if move == "hmc":
-                n_bounces += int(_rare_kernels.hmc_trajectories(
-                    X, nu, P, Q, A, gram, shift, 0.5 * math.pi, MAX_BOUNCES).sum())
+                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, 0.5 * math.pi, MAX_BOUNCES)
+                if _DEBUG:
+                    print(f"level {len(counts)} M {cs.M} gamma {gamma:.3g} bounces mean {b.mean():.1f} max {b.max()} capped {(b >= MAX_BOUNCES).mean():.3f}")
             else:
-                theta = _rare_kernels.ess_angles(P, Q, shift, rng.random(N))
+                theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(N))
                 c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
                 X = X * c + nu * s
                 P = P * c + Q * s
@@ -363,7 +435,7 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
     r = counts.sum(1) / sizes.sum(1)  # pooled fraction per level
     n_levels = int(r.size)
     if not np.all(r > 0):  # no chain survived the last level: only the levels before bound p
-        return float(np.log(r[r > 0]).sum()), np.inf, "unresolved", n_levels, int(S.size), n_checked
+        return float(np.log(r[r > 0]).sum()), np.inf, "unresolved", n_levels, cs.M, n_checked, log_check
     # linearised influence of each group: log p_hat - log p ~ (1/B) sum_b sum_k e_bk
     nbar = sizes.mean(1, keepdims=True)
     e = ((counts - r[:, None] * sizes) / (r[:, None] * nbar)).sum(0)
@@ -372,8 +444,8 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
     # a factor 1 + sum_k (1 - r_k) / (r_k N) (Cerou, Del Moral, Furon, Guyader 2012, Sec. 3);
     # log of an unbiased product is low by var / 2
     ra = r[np.array(adaptive, dtype=bool)]
-    log_p = float(np.log(r).sum() - np.sum((1.0 - ra) / (ra * N)) + 0.5 * se * se)
-    return log_p, se, side, n_levels, int(S.size), n_checked
+    log_p = float(np.log(r).sum() - np.sum((1.0 - ra) / (ra * counted.sum())) + 0.5 * se * se)
+    return log_p, se, side, n_levels, cs.M, n_checked, log_check
 
 
 def _check_tokens(token_ids, V: int) -> np.ndarray:
@@ -405,6 +477,7 @@ def log_cone_gaussian_measure(
     full_check: bool = True,
     max_constraints: int = 4096,
     probe_k: int = 8,
+    n_probes: int | None = None,
     min_full_fraction: float = 0.2,
     max_levels: int = 400,
     confidence: float = 0.95,
@@ -426,7 +499,8 @@ def log_cone_gaussian_measure(
         Tokens to estimate; default every token.
     G : array_like of float, shape (d, k), optional
         The support's linear map (``S = G B``); default the identity (the origin ball: the radius
-        does not change a cone's share).
+        does not change a cone's share). A rank-deficient ``G`` is reduced to its range
+        (``G = U S V^T`` -> ``U_r S_r``: the same law of ``G x``).
     n_chains : int, default 1024
         Chains per token; the budget. The standard error of ``log p`` falls like
         ``1 / sqrt(n_chains)``.
@@ -450,6 +524,9 @@ def log_cone_gaussian_measure(
         Cap on the working set.
     probe_k : int, default 8
         Smallest margins kept per checked point; the violated ones join the working set.
+    n_probes : int, optional
+        Chains checked against every row of ``W`` after each level (one per group, at most
+        ``n_groups``; default ``n_groups``).
     min_full_fraction : float, default 0.2
         The full check is accepted as the last level when at least this fraction of the
         working-set cone's chains is in the real cone; otherwise the violated constraints join
@@ -508,7 +585,13 @@ def log_cone_gaussian_measure(
         G64 = check_array(G, "G", ndim=2, dtype=None).astype(np.float64)
         if G64.shape[0] != d:
             raise ValueError(f"G: expected shape ({d}, k) (S = G B in the hidden space), got {G64.shape}")
-        WG32 = np.ascontiguousarray(W32.astype(np.float64) @ G64, dtype=np.float32)
+        # only G's range matters (y = G x): drop its null directions exactly, or float32 round-off
+        # of W G leaves them as spurious thin cones (LayerNorm's shell has rank d - 1)
+        U, sv, _ = np.linalg.svd(G64, full_matrices=False)
+        r = int(np.sum(sv > sv[0] * 1e-12)) if sv.size and sv[0] > 0 else 0
+        if r == 0:
+            raise ValueError("G: expected a non-zero linear map")
+        WG32 = np.ascontiguousarray(W32.astype(np.float64) @ (U[:, :r] * sv[:r]), dtype=np.float32)
     tokens = _check_tokens(token_ids, V)
     n_chains = check_positive_int(n_chains, "n_chains")
     n_groups = check_positive_int(n_groups, "n_groups", minimum=2)
@@ -520,6 +603,9 @@ def log_cone_gaussian_measure(
     n_moves = check_positive_int(n_moves, "n_moves")
     max_constraints = check_positive_int(max_constraints, "max_constraints")
     probe_k = check_positive_int(probe_k, "probe_k")
+    n_probes = n_groups if n_probes is None else check_positive_int(n_probes, "n_probes", minimum=0)
+    if n_probes > n_groups:
+        raise ValueError(f"n_probes: expected at most n_groups={n_groups}, got {n_probes}")
     min_full_fraction = check_probability(min_full_fraction, "min_full_fraction")
     max_levels = check_positive_int(max_levels, "max_levels")
     confidence = check_probability(confidence, "confidence")
@@ -536,7 +622,7 @@ def log_cone_gaussian_measure(
     row_sq = np.einsum("ij,ij->i", WG32, WG32, dtype=np.float64)
     tq = stats.t.ppf(0.5 + confidence / 2, n_groups - 1)
     T = tokens.size
-    out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "seconds")}
+    out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "log_check_fraction", "seconds")}
     n_levels = np.zeros(T, dtype=np.int64)
     n_used = np.zeros(T, dtype=np.int64)
     n_checked = np.zeros(T, dtype=np.int64)
@@ -550,18 +636,24 @@ def log_cone_gaussian_measure(
             side[i] = "empty"
         else:
             working = cone.n_constraints > max_constraints if working_set == "auto" else bool(working_set)
+            if not working and move == "hmc" and cone.n_constraints > MAX_GRAM:
+                raise ValueError(
+                    f"working_set: False with move='hmc' needs the Gram matrix of all "
+                    f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
+                )
             rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(int(t),)))
             with _one_blas_thread():
-                lp, se, sd, nl, nu, nc = _split_token(
+                lp, se, sd, nl, nu, nc, lc = _split_token(
                     cone, rng, n_chains=n_chains, n_groups=n_groups, level_prob=level_prob,
                     n_moves=n_moves, move=move, working=working, full_check=full_check,
-                    max_constraints=max_constraints, probe_k=probe_k,
+                    max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
                     min_full_fraction=min_full_fraction, max_levels=max_levels,
                 )
             side[i] = sd
             if sd == "empty":
                 out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = -np.inf
             n_levels[i], n_used[i], n_checked[i] = nl, nu, nc
+            out["log_check_fraction"][i] = lc
             out["std_err"][i] = se
             if sd == "empty":
                 pass

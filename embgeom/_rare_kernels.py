@@ -166,7 +166,7 @@ def fold_smallest_margins(Z, zt, inv_norm, offset, best_val, best_idx):
 
 
 @njit("int64[::1](float64[:, ::1], float64[:, ::1], float64[:, ::1], float64[:, ::1], "
-      "float64[:, ::1], float64[:, ::1], float64[::1], float64, int64)", cache=True, nogil=True)
+      "float64[:, ::1], float64[:, :], float64[::1], float64, int64)", cache=True, nogil=True)
 def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
     """Exact Hamiltonian trajectories of ``N(0, I)`` restricted to a polyhedron, with reflections.
 

@@ -165,6 +165,18 @@ class CellVolumes:
         Entropy of the root ``SeedSequence``; with it the run is reproducible.
     seconds : float
         Wall time.
+    log_fractions : numpy.ndarray of float64, shape (n_tokens,)
+        Best estimate of ``log(vol(E_t ∩ S) / vol(S))`` in nats: the rare-event estimate
+        (:func:`embgeom._rare_event.log_cone_gaussian_measure`) where ``token_method`` is
+        ``"rare-event"``, else ``log(fractions)``. ``-inf`` only for cells proven empty; ``nan``
+        where unresolved (no uniform hit, or a token outside the rare-event token sample).
+    log_lower, log_upper : numpy.ndarray of float64, shape (n_tokens,)
+        Two-sided ``confidence`` interval on ``log_fractions`` (nats); for uniform tokens the
+        logs of ``lower`` and ``upper``.
+    token_method : numpy.ndarray of str, shape (n_tokens,)
+        Which estimator produced each token's log figures: ``"rare-event"``, ``"uniform"``,
+        ``"empty"`` (proven empty) or ``"not estimated"`` (outside the token sample; its
+        ``log_fractions`` is ``nan``, the uniform fields still hold).
     """
 
     fractions: np.ndarray
@@ -179,6 +191,16 @@ class CellVolumes:
     seed_entropy: int
     seconds: float
     extra: dict = field(default_factory=dict)
+    log_fractions: np.ndarray | None = None
+    log_lower: np.ndarray | None = None
+    log_upper: np.ndarray | None = None
+    token_method: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.log_fractions is None:  # uniform counts only: logs of the same figures
+            self.log_fractions, self.log_lower, self.log_upper = _uniform_logs(
+                self.counts, self.n_samples, self.lower, self.upper)
+            self.token_method = np.full(self.counts.size, "uniform")
 
     @property
     def log_volumes(self) -> np.ndarray:
@@ -313,6 +335,65 @@ class CellVolumes:
         return ax
 
 
+def _uniform_logs(counts, n, lower, upper):
+    """Log figures of uniform counts: ``log(k/n)`` (``nan`` at k = 0), ``log lower``, ``log upper``."""
+    with np.errstate(divide="ignore"):
+        frac = np.where(counts > 0, np.log(np.maximum(counts, 1) / n), np.nan)
+        return frac, np.log(lower), np.log(upper)
+
+
+def _origin_ellipsoid_map(support):
+    """The ``(d, d)`` map ``G`` with ``S = G B`` (directions law) for an origin-centred ellipsoid.
+
+    Today's origin-centred :class:`~embgeom.supports.Ball` (``r I``), :class:`Ellipsoid` with
+    centre 0 (``axes^T diag(semi_axes)``) and :class:`FinalNormShell` without bias
+    (``sqrt(d) diag(gain)``, times the mean-zero projection for LayerNorm, whose ``sample``
+    projects its Gaussian draws first); ``None`` for every other support, where cells are not
+    cones through the centre. (A stand-in for a support method ``origin_ellipsoid_map()``.)
+    """
+    from .supports import Ball, Ellipsoid, FinalNormShell
+
+    if isinstance(support, Ball) and hasattr(support, "radius_") and support.origin_centred:
+        return support.radius_ * np.eye(support.dim)
+    if isinstance(support, Ellipsoid) and hasattr(support, "center_") and not np.any(support.center_):
+        return support.axes_.T * support.semi_axes_
+    if isinstance(support, FinalNormShell) and support.bias_ is None:
+        G = np.diag(support.radius_ * support.gain_)
+        if support.kind_ == "layernorm":
+            G = G - G.mean(axis=1, keepdims=True)  # diag(g) (I - 1 1^T / d)
+        return G
+    return None
+
+
+def _token_sample(tokens, n_tokens: int, root: np.random.SeedSequence) -> np.ndarray:
+    """Token ids for the rare-event estimator: all, a seeded uniform sample, or given ids."""
+    if isinstance(tokens, str):
+        if tokens != "auto":
+            raise ValueError(f"tokens: expected 'auto', None, an int or token ids, got {tokens!r}")
+        tokens = None if n_tokens <= AUTO_ALL_TOKENS else AUTO_TOKEN_SAMPLE
+    if tokens is None:
+        return np.arange(n_tokens, dtype=np.int64)
+    if isinstance(tokens, (int, np.integer)) and not isinstance(tokens, bool):
+        k = check_positive_int(tokens, "tokens")
+        if k >= n_tokens:
+            return np.arange(n_tokens, dtype=np.int64)
+        rng = np.random.default_rng(np.random.SeedSequence(root.entropy, spawn_key=(2**31 - 1,)))
+        return np.sort(rng.choice(n_tokens, size=k, replace=False)).astype(np.int64)
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+        raise ValueError("tokens: expected 'auto', None, an int or a non-empty 1-D array of token ids")
+    if ids.min() < 0 or ids.max() >= n_tokens:
+        raise ValueError(f"tokens: ids must lie in [0, {n_tokens})")
+    return np.unique(ids).astype(np.int64)
+
+
+#: ``tokens="auto"``: every token up to this vocabulary size, else a seeded uniform sample.
+AUTO_ALL_TOKENS = 4096
+#: Size of that sample: enough for lambda and the histogram (the spread of log-shares across
+#: tokens, several nats, sets their interval; issue 16).
+AUTO_TOKEN_SAMPLE = 1000
+
+
 def cell_volumes(
     decoder: Decoder,
     support,
@@ -323,6 +404,10 @@ def cell_volumes(
     confidence: float = 0.95,
     interval: str = "clopper-pearson",
     progress: bool = True,
+    method: str = "auto",
+    tokens="auto",
+    n_chains: int = 256,
+    rare_event_options: dict | None = None,
 ) -> CellVolumes:
     """Monte Carlo volume fraction of every decoder cell inside a support.
 
@@ -351,10 +436,26 @@ def cell_volumes(
     interval : {"clopper-pearson", "wilson"}
     progress : bool, default True
         tqdm progress bar (points).
+    method : {"auto", "uniform", "rare-event"}, default "auto"
+        ``"uniform"``: the counts above only. ``"rare-event"``: also each token's log-share by
+        multilevel splitting (:func:`embgeom._rare_event.log_cone_gaussian_measure`), which
+        needs a decoder without bias and an origin-centred ellipsoidal support (origin ball,
+        final-norm shell without bias, ellipsoid centred at 0), where every cell is a cone.
+        ``"auto"``: rare-event where it applies, uniform elsewhere (``extra["rare_event"]``
+        says why).
+    tokens : "auto", None, int or array_like of int, default "auto"
+        Tokens given a rare-event estimate: ``None`` every token, an int a seeded uniform
+        sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
+        to ``AUTO_ALL_TOKENS`` tokens, else a sample of ``AUTO_TOKEN_SAMPLE``.
+    n_chains : int, default 256
+        Rare-event chains per token (the per-token budget; a multiple of 16).
+    rare_event_options : dict, optional
+        More keywords for :func:`embgeom._rare_event.log_cone_gaussian_measure`.
 
     Returns
     -------
     CellVolumes
+        The uniform fields, and ``log_fractions``/``log_lower``/``log_upper``/``token_method``.
 
     Raises
     ------
@@ -362,8 +463,9 @@ def cell_volumes(
         ``decoder`` not a Decoder, ``support`` without ``dim``/``sample``, bad seed or counts
         types.
     ValueError
-        ``n_samples <= 0``, support of another dimension, the support's samples of the wrong
-        shape or not finite.
+        ``n_samples <= 0`` or ``n_chains <= 0``, support of another dimension, the support's
+        samples of the wrong shape or not finite, an unknown ``method``, ``method="rare-event"``
+        with a bias or a support whose cells are not cones through its centre, bad ``tokens``.
     """
     from tqdm.auto import tqdm
 
@@ -378,6 +480,17 @@ def cell_volumes(
     if interval not in ("clopper-pearson", "wilson"):
         raise ValueError(f"interval: expected 'clopper-pearson' or 'wilson', got {interval!r}")
     confidence = check_probability(confidence, "confidence")
+    if method not in ("auto", "uniform", "rare-event"):
+        raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
+    n_chains = check_positive_int(n_chains, "n_chains")
+    G = None if method == "uniform" else _origin_ellipsoid_map(support)
+    why_not = None
+    if method != "uniform" and (decoder.bias_ is not None or G is None):
+        why_not = ("the decoder has a bias" if decoder.bias_ is not None else
+                   f"the support ({type(support).__name__}) is not an origin-centred ellipsoid")
+        if method == "rare-event":
+            raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
+                             f"centre, but {why_not}; use method='uniform' or 'auto'")
     if isinstance(seed, np.random.SeedSequence):
         root = seed
     elif seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
@@ -412,6 +525,15 @@ def cell_volumes(
         bar.update(m)
     bar.close()
     lower, upper = binomial_interval(counts, n_samples, confidence, interval)
+    extra = {"batch_size": batch_size, "method": "uniform" if method == "uniform" or why_not else "rare-event"}
+    logs = {}
+    if method != "uniform" and why_not is None:
+        logs, extra["rare_event"] = _rare_event_logs(
+            decoder, G, _token_sample(tokens, decoder.n_tokens, root), counts, n_samples, lower,
+            upper, int(root.entropy) if isinstance(root.entropy, (int, np.integer)) else 0,
+            n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress)
+    elif why_not is not None:
+        extra["rare_event"] = f"not applicable: {why_not}; uniform sampling only"
     return CellVolumes(
         fractions=counts / n_samples,
         counts=counts,
@@ -424,8 +546,30 @@ def cell_volumes(
         sampling="directions" if directions else "support",
         seed_entropy=int(root.entropy) if isinstance(root.entropy, (int, np.integer)) else 0,
         seconds=time.perf_counter() - t0,
-        extra={"batch_size": batch_size},
+        extra=extra,
+        **logs,
     )
+
+
+def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, n_chains,
+                     confidence, options, progress):
+    """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens."""
+    from ._rare_event import log_cone_gaussian_measure
+
+    opts = dict(options or {})
+    for key in ("seed", "confidence", "n_chains", "G", "token_ids", "progress"):
+        if key in opts:
+            raise ValueError(f"rare_event_options: {key!r} is set by cell_volumes itself")
+    r = log_cone_gaussian_measure(decoder.W_, ids, G, n_chains=n_chains, confidence=confidence,
+                                  seed=seed, progress=progress, **opts)
+    V = decoder.n_tokens
+    log_f, log_lo, log_hi = (np.full(V, np.nan) for _ in range(3))
+    method = np.full(V, "not estimated", dtype="<U13")
+    log_f[ids], log_lo[ids], log_hi[ids] = r.log_share, r.log_lower, r.log_upper
+    method[ids] = np.where(r.side == "empty", "empty", "rare-event")
+    summary = {**r.to_dict(), "token_sample": int(ids.size), "sample_is_all": bool(ids.size == V)}
+    return {"log_fractions": log_f, "log_lower": log_lo, "log_upper": log_hi,
+            "token_method": method}, summary
 
 
 def cells_report_section(

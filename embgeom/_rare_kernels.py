@@ -180,6 +180,9 @@ def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
     ``t = phi_s + arccos(-c_s / R_s)`` (mod 2 pi), and never when ``R_s <= c_s``. The constraint
     values are rotated and reflected with the trajectory, reflections through the Gram matrix
     (``q_s <- q_s - 2 q_j (a_s . a_j)``), so no matrix product is needed inside the loop.
+    Since ``|d/dt (p_s cos t + q_s sin t)| <= R_s``, constraint ``s`` cannot be crossed before
+    ``(p_s + c_s) / R_s``; constraints whose bound exceeds the earliest crossing found so far
+    skip the trigonometry.
 
     Parameters
     ----------
@@ -218,6 +221,10 @@ def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
                 q = Q[i, s]
                 R = math.sqrt(p * p + q * q)
                 if not R > c:
+                    continue
+                # |d/dt (a_s . x(t))| <= R: no crossing before (p + c) / R; skip the trig if
+                # that is already past the earliest crossing found
+                if p + c >= tmin * R:
                     continue
                 t = math.atan2(q, p) + math.acos(-c / R)
                 if t < 0.0:

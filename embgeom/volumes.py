@@ -406,7 +406,7 @@ def cell_volumes(
     progress: bool = True,
     method: str = "auto",
     tokens="auto",
-    n_chains: int = 256,
+    n_chains: int = 128,
     rare_event_options: dict | None = None,
 ) -> CellVolumes:
     """Monte Carlo volume fraction of every decoder cell inside a support.
@@ -447,8 +447,10 @@ def cell_volumes(
         Tokens given a rare-event estimate: ``None`` every token, an int a seeded uniform
         sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
         to ``AUTO_ALL_TOKENS`` tokens, else a sample of ``AUTO_TOKEN_SAMPLE``.
-    n_chains : int, default 256
-        Rare-event chains per token (the per-token budget; a multiple of 16).
+    n_chains : int, default 128
+        Rare-event chains per token (the per-token budget; a multiple of 16). The standard
+        error of each log-share is about 0.5 nats at 128 on SmolLM2 (coarse per token, ample
+        for lambda and the histogram over a token sample).
     rare_event_options : dict, optional
         More keywords for :func:`embgeom._rare_event.log_cone_gaussian_measure`.
 

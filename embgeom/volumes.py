@@ -279,9 +279,10 @@ class CellVolumes:
     def histogram(self, ax=None, path=None, bins: int = 50, title: str | None = None):
         """Histogram of per-token cell volumes: log10 fraction on x, number of tokens on y.
 
-        Tokens with no hit have no finite log fraction: they are drawn as a separate grey bar to
-        the left of the axis break, labelled with their count and the Clopper-Pearson/Wilson
-        upper bound every one of them shares.
+        With rare-event estimates (``token_method == "rare-event"``) the histogram shows
+        ``log_fractions`` of every estimated token. Otherwise tokens with no hit have no finite
+        log fraction: they are drawn as a separate grey bar to the left of the axis break,
+        labelled with their count and the Clopper-Pearson/Wilson upper bound they all share.
 
         Parameters
         ----------
@@ -306,18 +307,28 @@ class CellVolumes:
         fig = None
         if ax is None:
             fig, ax = plt.subplots(figsize=(7, 4))
-        hit = self.counts > 0
-        x = np.log10(self.fractions[hit])
+        rare = self.token_method == "rare-event"
+        if rare.any():  # rare-event log-shares: every estimated token, no zero-hit bar
+            hit = rare
+            n_empty = int((self.token_method == "empty").sum())
+            label = f"{int(rare.sum())} tokens, rare-event" + (
+                "" if rare.sum() + n_empty == rare.size else f" (token sample of {rare.size})"
+            ) + (f"; {n_empty} proven empty, not drawn" if n_empty else "")
+            x = self.log_fractions[rare] / math.log(10)
+        else:
+            hit = self.counts > 0
+            label = f"{int(hit.sum())} tokens with hits"
+            x = np.log10(self.fractions[hit])
         if x.size:
             lo, hi = float(x.min()), float(x.max())
             if hi - lo < 1e-9:
                 lo, hi = lo - 0.5, hi + 0.5
             edges = np.linspace(lo, hi, bins + 1)
-            ax.hist(x, bins=edges, color="C0", label=f"{int(hit.sum())} tokens with hits")
+            ax.hist(x, bins=edges, color="C0", label=label)
             width = (hi - lo) / bins
         else:
             lo, width = math.log10(1.0 / self.n_samples), 0.1
-        if self.n_zero:
+        if self.n_zero and not rare.any():
             ub = float(self.upper[~hit].max())
             xz = lo - 3 * width
             ax.bar([xz], [self.n_zero], width=2 * width, color="0.6",

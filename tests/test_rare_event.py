@@ -344,3 +344,18 @@ def test_cell_volumes_token_sample_and_fallback():
         cell_volumes(dec, Ball(np.zeros(5), 1.0), 0, progress=False)
     with pytest.raises(ValueError, match="tokens"):
         cell_volumes(dec, Ball(np.zeros(5), 1.0), 100, tokens=[99], progress=False)
+
+
+def test_histogram_of_rare_event_log_shares(tmp_path):
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    W, _ = cross_polytope(3)
+    dec = Decoder(np.vstack([W, np.zeros((2, 3))]))  # the two zero rows have empty cells
+    cv = cell_volumes(dec, Ball(np.zeros(3), 1.0), 500, seed=0, progress=False, n_chains=64)
+    assert list(cv.token_method[-2:]) == ["empty", "empty"] and np.all(cv.log_fractions[-2:] == -np.inf)
+    ax = cv.histogram(path=tmp_path / "h.png")
+    assert not any("0 hits" in t.get_text() for t in ax.texts)  # no zero-hit bar
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["6 tokens, rare-event; 2 proven empty, not drawn"]
+    assert sum(p.get_height() for p in ax.patches) == 6

@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels
+from ._rare_event import ConeMeasure, log_cone_gaussian_measure
 from ._validation import check_positive_int, check_probability
 from .cells import Decoder
 
 __all__ = [
     "CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval", "cells_report_section",
+    "ConeMeasure", "log_cone_gaussian_measure",
 ]
 
 
@@ -567,8 +569,6 @@ def cell_volumes(
 def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, n_chains,
                      confidence, options, progress):
     """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens."""
-    from ._rare_event import log_cone_gaussian_measure
-
     opts = dict(options or {})
     for key in ("seed", "confidence", "n_chains", "G", "token_ids", "progress"):
         if key in opts:

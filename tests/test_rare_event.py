@@ -323,6 +323,9 @@ def test_cell_volumes_token_sample_and_fallback():
     assert np.all(np.isnan(cv.log_fractions[~est])) and np.all(np.isfinite(cv.log_fractions[est]))
     assert np.all(np.abs(cv.log_fractions[est] + math.log(10)) < 0.6)
     assert cv.extra["rare_event"]["token_sample"] == 4
+    import json
+
+    json.dumps(cv.to_dict())  # the summary stays JSON-able with the rare-event record
     # the same seed draws the same token sample
     cv2 = cell_volumes(dec, Ball(np.zeros(5), 1.0), 2000, seed=0, progress=False, tokens=4, n_chains=64)
     assert np.array_equal(cv2.token_method, cv.token_method)

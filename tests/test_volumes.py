@@ -120,7 +120,8 @@ def test_binomial_interval_zero_hits_and_bounds():
 
 def test_histogram_and_top(tmp_path):
     dec = Decoder(np.vstack([cross_polytope(3), np.zeros((2, 3), np.float32)]))  # 2 empty cells
-    cv = cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 3000, seed=0, progress=False)
+    cv = cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 3000, seed=0, progress=False,
+                      method="uniform")
     assert cv.n_zero == 2 and cv.upper[-1] > 0
     path = tmp_path / "h.png"
     ax = cv.histogram(path=path)

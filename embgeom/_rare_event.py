@@ -1,0 +1,701 @@
+"""Rare-event estimator of decoder-cell shares: the Gaussian measure of a polyhedral cone.
+
+With no bias and an origin-centred ellipsoidal support ``S = G B`` (``B`` the unit ball, ``G`` a
+``(d, k)`` linear map: ``r I`` for the origin ball, the gain map for the final-norm shell), the
+decoder cell of token ``t`` is a cone, and its share of ``S`` is the standard Gaussian measure of
+
+    C_t = {x in R^k : a_s . x >= 0 for every s != t},   a_s = G^T (w_t - w_s),
+
+because ``y = G x`` with ``x ~ N(0, I)`` has the direction law of ``S`` and cones only see
+directions (THEORY.md, "Decoder cells"). Shares of real cells run from ``e^-8`` to ``e^-17`` and
+below, far out of reach of uniform counting, so this module estimates ``log P(x in C_t)`` by
+multilevel splitting (Holmes-Diaconis-Ross, adaptive levels) with exact elliptical slice sampling
+for linear constraints (LIN-ESS):
+
+1. ``N`` chains start as independent ``N(0, I)`` draws. The level function is the smallest
+   normalised constraint value ``m(x) = min_{s in S} a_s . x / |a_s|``; the nested domains are
+   ``D_k = {x : a_s . x / |a_s| >= -c_s}`` with per-constraint shifts ``c_s`` that only decrease.
+2. Each level sets ``gamma`` so that a fraction ``level_prob`` of the chains has ``m >= -gamma``
+   (never below 0), lowers every shift to ``gamma``, records the fraction inside, resamples the
+   survivors (within independent groups of chains) and moves every chain with ``n_moves`` exact
+   LIN-ESS steps (:func:`embgeom._rare_kernels.ess_angles`), which leave ``N(0, I)`` restricted
+   to ``D_k`` invariant.
+3. When ``gamma`` reaches 0 the chains are in the cone of the constraints in ``S``. If ``S`` is
+   every constraint this is ``C_t``. Otherwise (large vocabularies) ``S`` is a *working set*:
+   ``C_S`` contains ``C_t``, so ``P(C_S)`` is an upper bound on the share, and the estimator
+   checks the chains against every row of ``W`` (the full float32 product, as the decoder
+   computes it) and multiplies by the fraction that is really in ``C_t``. When too few are, the
+   constraints they break join ``S`` and the levels go on.
+
+The working set grows from *probes*: after each level one chain per group is checked against
+every row, and the constraints that cut it off from the cone (its smallest normalised margins)
+join ``S``. Every domain stays nested (shifts only decrease, constraints are only added), so the
+product of the recorded fractions estimates ``P(C_t)`` whatever ``S`` is; ``S`` only sets the cost.
+
+Interval: chains form ``n_groups`` independent groups (resampling never crosses groups), so the
+groups' linearised contributions to ``log p`` are independent and their spread measures the
+variance, MCMC correlation included; the interval is the estimate plus or minus a Student-t
+quantile (``n_groups - 1`` degrees of freedom) times that standard error.
+
+References
+----------
+- A. Gessner, O. Kanjilal, P. Hennig, "Integrals over Gaussians under Linear Domain Constraints",
+  AISTATS 2020 (LIN-ESS and its use inside Holmes-Diaconis-Ross, Sec. 3-4).
+- Holmes-Diaconis-Ross splitting: P. Diaconis and S. Holmes, "Three examples of Monte-Carlo
+  Markov chains" (1995); Z. I. Botev and D. P. Kroese, "Efficient Monte Carlo simulation via the
+  generalized splitting method", Statistics and Computing 22 (2012).
+- F. Cerou, A. Guyader, "Adaptive multilevel splitting for rare event analysis", Stochastic
+  Analysis and Applications 25 (2007) (adaptive levels at a fixed conditional probability).
+- I. Murray, R. P. Adams, D. MacKay, "Elliptical slice sampling", AISTATS 2010.
+- M. Meyer et al., "How Many Different Outputs Can a Transformer Generate?", ICML 2026, Sec. 4
+  (decoder cells and their volumes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _rare_kernels
+from ._validation import check_array, check_positive_int, check_probability
+
+__all__ = ["ConeMeasure", "log_cone_gaussian_measure"]
+
+#: Tokens per block of the full check (a (chains, VOCAB_BLOCK) float32 buffer stays in cache).
+VOCAB_BLOCK = 4096
+#: After this many levels (share below 2^-64 at level_prob 0.5, far below real cells), at every
+#: doubling after, and whenever the levels stall, an LP checks whether the working-set cone is
+#: empty: then so is the cell, and the splitting would never reach it.
+EMPTY_CHECK_LEVELS = 64
+#: The spread across groups misses the randomness of the shared (pooled-quantile) levels:
+#: measured over 30-60 seeds, the real spread of log p was 0.8-1.2 times the group standard
+#: error (simplex d = 5: 1.19, cross-polytope d = 8: 1.19, orthant k = 40: 0.81), so the
+#: reported standard error is inflated by this factor.
+SE_INFLATION = 1.2
+#: Largest Gram matrix (constraints) built without a working set (16384^2 float64: 2 GiB).
+MAX_GRAM = 16384
+#: Cap on reflections per exact-HMC trajectory (a chain that reaches it stops there, inside).
+MAX_BOUNCES = 1000
+_DEBUG = False
+
+
+@dataclass
+class ConeMeasure:
+    """Per-token log Gaussian measure of decoder cones (:func:`log_cone_gaussian_measure`).
+
+    Attributes
+    ----------
+    token_ids : numpy.ndarray of int64, shape (T,)
+    log_share : numpy.ndarray of float64, shape (T,)
+        Estimate of ``log P(x in C_t)`` in nats (the share of the support held by cell ``t``).
+        ``-inf`` only for cells proven empty (an exact duplicate row with a lower id takes every
+        tie, or an LP finds no interior point); ``nan`` where the estimator gave up (``side``).
+    log_lower, log_upper : numpy.ndarray of float64, shape (T,)
+        Two-sided ``confidence`` interval on ``log_share`` (nats).
+    std_err : numpy.ndarray of float64, shape (T,)
+        Standard error of ``log_share`` from the spread across independent groups of chains.
+    side : numpy.ndarray of str, shape (T,)
+        Which way each figure can err: ``"two-sided"`` (checked against every row of ``W``: the
+        error is Monte Carlo only), ``"upper"`` (the working-set cone only, no full check: an
+        upper bound up to Monte Carlo error), ``"empty"`` (proven empty), ``"unresolved"`` (the
+        level cap was reached: ``log_upper`` is still an upper bound, ``log_share`` is ``nan``).
+    n_levels : numpy.ndarray of int64, shape (T,)
+        Splitting levels recorded (the full check counts as one).
+    n_constraints_used : numpy.ndarray of int64, shape (T,)
+        Size of the final working set (``|V| - 1`` minus ties when every constraint is used).
+    n_full_checks : numpy.ndarray of int64, shape (T,)
+        Points checked against every row of ``W`` (probes and final checks).
+    log_check_fraction : numpy.ndarray of float64, shape (T,)
+        Log of the fraction of the working-set cone's chains found in the real cell by the
+        final full check (0 without a working set): how far (nats) the working-set cone's
+        measure, an upper bound, lies above the share.
+    seconds : numpy.ndarray of float64, shape (T,)
+        Wall time per token.
+    confidence : float
+    params : dict
+        The sampler's settings (chains, groups, level probability, moves, seed entropy).
+    """
+
+    token_ids: np.ndarray
+    log_share: np.ndarray
+    log_lower: np.ndarray
+    log_upper: np.ndarray
+    std_err: np.ndarray
+    side: np.ndarray
+    n_levels: np.ndarray
+    n_constraints_used: np.ndarray
+    n_full_checks: np.ndarray
+    log_check_fraction: np.ndarray
+    seconds: np.ndarray
+    confidence: float
+    params: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-able summary (medians and counts; the per-token arrays stay in numpy)."""
+        fin = np.isfinite(self.log_share)
+        with np.errstate(invalid="ignore"):
+            width = self.log_upper - self.log_lower
+        return {
+            "n_tokens": int(self.token_ids.size),
+            "n_resolved": int(fin.sum()),
+            "median_log_share": float(np.median(self.log_share[fin])) if fin.any() else float("nan"),
+            "median_interval_width": float(np.median(width[fin])) if fin.any() else float("nan"),
+            "median_seconds": float(np.median(self.seconds)) if self.seconds.size else float("nan"),
+            "total_seconds": float(self.seconds.sum()),
+            "sides": {str(s): int((self.side == s).sum()) for s in np.unique(self.side)},
+            "confidence": self.confidence,
+            **self.params,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# one token's cone
+# --------------------------------------------------------------------------------------------
+class _Cone:
+    """The constraints of one token's cone in the Gaussian coordinates ``x`` (``y = G x``)."""
+
+    def __init__(self, WG32: np.ndarray, row_sq: np.ndarray, W32: np.ndarray, t: int):
+        self.WG32 = WG32
+        self.t = t
+        V = WG32.shape[0]
+        wt = WG32[t].astype(np.float64)
+        dots = (WG32 @ WG32[t]).astype(np.float64)
+        nsq = np.maximum(row_sq[t] + row_sq - 2.0 * dots, 0.0)
+        # near-duplicates: recompute exactly (cancellation), then find exact ties
+        scale = max(float(row_sq[t]), float(row_sq.max()) * 1e-12, 1e-300)
+        near = np.flatnonzero(nsq <= 1e-6 * scale)
+        tie = np.zeros(V, dtype=bool)
+        for s in near:
+            diff = wt - WG32[s].astype(np.float64)
+            n2 = float(diff @ diff)
+            nsq[s] = n2
+            if s == t or n2 <= 1e-24 * scale or np.array_equal(W32[s], W32[t]):
+                tie[s] = True
+        tie[t] = True
+        self.empty = bool(np.any(np.flatnonzero(tie) < t))  # a tied lower id wins every tie
+        norms = np.sqrt(nsq)
+        self.inv_norm = np.where(tie, 0.0, 1.0 / np.where(tie, 1.0, norms))
+        self.n_constraints = int(V - tie.sum())
+        self.wt = wt
+        self.zt_row = np.ascontiguousarray(WG32[t])
+
+    def rows(self, S: np.ndarray) -> np.ndarray:
+        """Normalised constraint rows ``a_s / |a_s|`` for ``s`` in ``S``: float64 (|S|, k)."""
+        A = self.wt[None, :] - self.WG32[S].astype(np.float64)
+        n = np.linalg.norm(A, axis=1)
+        return A / n[:, None]
+
+    def all_constraints(self) -> np.ndarray:
+        """Token ids of every constraint (ties and ``t`` left out), int64."""
+        return np.flatnonzero(self.inv_norm > 0)
+
+    def scan(self, X: np.ndarray, k: int):
+        """Check points against every row of ``W``.
+
+        Returns the ``k`` smallest normalised margins per point (float64 (n, k), ascending) and
+        their token ids (int64 (n, k)); the point is in the cell iff the first margin is >= 0.
+        """
+        n = X.shape[0]
+        X32 = np.ascontiguousarray(X, dtype=np.float32)
+        zt = X32 @ self.zt_row
+        best_val = np.full((n, k), np.inf)
+        best_idx = np.full((n, k), -1, dtype=np.int64)
+        V = self.WG32.shape[0]
+        buf = None
+        for v0 in range(0, V, VOCAB_BLOCK):
+            wb = self.WG32[v0 : v0 + VOCAB_BLOCK]
+            if buf is None or buf.shape[1] != wb.shape[0]:
+                buf = np.empty((n, wb.shape[0]), dtype=np.float32)
+            np.matmul(X32, wb.T, out=buf)
+            _rare_kernels.fold_smallest_margins(buf, zt, self.inv_norm[v0 : v0 + VOCAB_BLOCK], v0, best_val, best_idx)
+        return best_val, best_idx
+
+
+# --------------------------------------------------------------------------------------------
+# the splitting sampler
+# --------------------------------------------------------------------------------------------
+def _stalled(gammas: list) -> bool:
+    """Whether the levels have stopped approaching the cone (an empty cone's sign).
+
+    For a non-empty cone ``gamma`` reaches 0 in a few levels with steady relative steps; for an
+    empty one it converges to a positive limit. Stalled: the last four levels all positive and
+    less than 10% lower than three levels before.
+    """
+    if len(gammas) < 4 or min(gammas[-4:]) <= 0.0:
+        return False
+    return gammas[-4] >= gammas[-1] >= 0.9 * gammas[-4]
+
+
+def _cone_is_empty(A: np.ndarray, tol: float = 1e-9) -> bool:
+    """Whether the cone ``{x : A x >= 0}`` has an empty interior (one LP, HiGHS).
+
+    Solves ``max tau`` subject to ``A x >= tau`` (unit rows), ``-1 <= x_i <= 1``, ``tau <= 1``;
+    the interior is empty iff ``tau* <= 0`` (``tol`` for round-off). The cone of a subset of the
+    constraints contains the cell, so an empty subset cone proves the cell empty.
+    """
+    from scipy.optimize import linprog
+
+    M, k = A.shape
+    if M == 0:
+        return False
+    cost = np.zeros(k + 1)
+    cost[-1] = -1.0
+    A_ub = np.hstack([-A, np.ones((M, 1))])
+    bounds = [(-1.0, 1.0)] * k + [(None, 1.0)]
+    res = linprog(cost, A_ub=A_ub, b_ub=np.zeros(M), bounds=bounds, method="highs")
+    return bool(res.status == 0 and -res.fun <= tol)
+
+
+def _one_blas_thread():
+    """Run the sampler's small products on one BLAS thread.
+
+    They are a few MFLOP each; on a shared machine handing them to a thread pool costs more than
+    it saves (measured on 2 busy cores: a (256, 64) x (64, 40) product took 22 ms threaded,
+    0.07 ms on one thread; a (256, 576) x (576, 2000) float32 product 69 ms vs 17 ms).
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+class _Constraints:
+    """The working set: unit constraint rows, their shifts and Gram matrix, in growing buffers.
+
+    Rows only join (with shift ``inf``) and shifts only decrease, so the domains
+    ``{x : A x + shift >= 0}`` are nested whatever joins when.
+    """
+
+    def __init__(self, cone: _Cone, capacity: int, gram: bool):
+        self.cone = cone
+        self.cap = capacity
+        self.M = 0
+        self.in_S = np.zeros(cone.WG32.shape[0], dtype=bool)
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._A = np.zeros((0, cone.WG32.shape[1]))
+        self._shift = np.zeros(0)
+        self._gram = np.zeros((0, 0)) if gram else None
+
+    @property
+    def A(self) -> np.ndarray:
+        return self._A[: self.M]
+
+    @property
+    def shift(self) -> np.ndarray:
+        return self._shift[: self.M]
+
+    @property
+    def gram(self) -> np.ndarray:
+        return self._gram[: self.M, : self.M]
+
+    def lower_shifts(self, gamma: float):
+        np.minimum(self._shift[: self.M], gamma, out=self._shift[: self.M])
+
+    def _grow(self, need: int):
+        size = self._A.shape[0]
+        if need <= size:
+            return
+        new = min(self.cap, max(need, 2 * size, 256))
+        k = self._A.shape[1]
+        for name, shape in (("_A", (new, k)), ("_shift", (new,)), ("_ids", (new,))):
+            old = getattr(self, name)
+            buf = np.zeros(shape, dtype=old.dtype)
+            buf[: self.M] = old[: self.M]
+            setattr(self, name, buf)
+        if self._gram is not None and self._gram.shape[0] < new:
+            # allocated once at full capacity: np.zeros maps untouched pages lazily, so only the
+            # used corner costs memory, and no copy is made as the set grows
+            buf = np.zeros((self.cap, self.cap))
+            buf[: self.M, : self.M] = self._gram[: self.M, : self.M]
+            self._gram = buf
+
+    def add(self, ids: np.ndarray) -> int:
+        """Add the constraints of these token ids (``-1`` and members are skipped); returns how many."""
+        ids = np.unique(ids[ids >= 0])
+        ids = ids[~self.in_S[ids]][: self.cap - self.M]
+        n = ids.size
+        if n == 0:
+            return 0
+        self._grow(self.M + n)
+        M0, M1 = self.M, self.M + n
+        rows = self.cone.rows(ids)
+        self._A[M0:M1] = rows
+        self._shift[M0:M1] = np.inf
+        self._ids[M0:M1] = ids
+        if self._gram is not None:
+            cross = self._A[:M0] @ rows.T
+            self._gram[:M0, M0:M1] = cross
+            self._gram[M0:M1, :M0] = cross.T
+            self._gram[M0:M1, M0:M1] = rows @ rows.T
+        self.in_S[ids] = True
+        self.M = M1
+        return n
+
+
+def _resample(inside: np.ndarray, n_groups: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of the next generation: survivors copied evenly, within each group.
+
+    A group with no survivor borrows from the pooled survivors (the caller guarantees >= 1).
+    """
+    N = inside.size
+    nb = N // n_groups
+    out = np.empty(N, dtype=np.int64)
+    pooled = np.flatnonzero(inside)
+    for g in range(n_groups):
+        idx = g * nb + np.flatnonzero(inside[g * nb : (g + 1) * nb])
+        if idx.size == 0:
+            idx = pooled
+        reps, extra = divmod(nb, idx.size)
+        pick = np.concatenate([np.repeat(idx, reps), rng.choice(idx, size=extra, replace=False)])
+        out[g * nb : (g + 1) * nb] = rng.permutation(pick)
+    return out
+
+
+def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_groups: int,
+                 level_prob: float, n_moves: int, move: str, working: bool, full_check: bool,
+                 max_constraints: int, probe_k: int, n_probes: int, min_full_fraction: float,
+                 max_levels: int):
+    """Multilevel splitting for one cone. Returns (log_p, std_err, side, n_levels, |S|, n_checked)."""
+    k = cone.WG32.shape[1]
+    N, B = n_chains, n_groups
+    nb = N // B
+    group = np.repeat(np.arange(B), nb)
+    X = rng.standard_normal((N, k))
+    counts, sizes, adaptive = [], [], []  # per recorded level: survivors, trials (per group), level set by a quantile?
+    n_checked = 0
+    log_check = 0.0  # log of the accepted full-check fraction (0 without a working set)
+
+    cs = _Constraints(cone, max_constraints, gram=(move == "hmc"))
+    if not working:
+        cs.add(cone.all_constraints())
+    n_bounces = 0
+
+    probe_idx = np.arange(n_probes) * nb  # one chain in each of the first n_probes groups
+    counted = np.ones(N, dtype=bool)
+    if working:
+        # a probe's position chose constraints that cut it: counting it would bias the level's
+        # fraction down, so probes sit out the count (and the resampling) of their level
+        counted[probe_idx] = False
+    n_rank = max(1, int(math.ceil(level_prob * counted.sum())))
+
+    def probe():
+        nonlocal n_checked
+        idx = probe_idx
+        val, ids = cone.scan(X[idx], probe_k)
+        n_checked += idx.size
+        # constraints that bind harder at the probe than every one in the working set
+        m_S = (X[idx] @ cs.A.T).min(axis=1) if cs.M else np.full(idx.size, np.inf)
+        cs.add(np.where(val < np.minimum(m_S, 0.0)[:, None], ids, -1).ravel())
+
+    def sync(P):
+        """Constraint values of the chains, extended to the constraints added since."""
+        if P.shape[1] < cs.M:
+            P = np.hstack([P, X @ cs.A[P.shape[1]:].T])
+        return np.ascontiguousarray(P)
+
+    if working:
+        probe()
+    side = "two-sided" if (not working or full_check) else "upper"
+    P = np.zeros((N, 0))
+    gammas = []  # levels since the last emptiness LP
+    next_lp = EMPTY_CHECK_LEVELS
+    while True:
+        if len(counts) >= max_levels:
+            side = "unresolved"
+            break
+        L = len(counts)
+        if L >= next_lp or (L >= 8 and _stalled(gammas)):
+            if _cone_is_empty(cs.A):
+                return -np.inf, 0.0, "empty", L, cs.M, n_checked, 0.0
+            next_lp = 2 * max(L, next_lp // 2)
+            gammas.clear()
+        P = sync(P)
+        m = P.min(axis=1) if cs.M else np.full(N, np.inf)
+        q = np.partition(-m[counted], n_rank - 1)[n_rank - 1]  # n_rank-th largest m is -q
+        gamma = max(0.0, q)
+        cs.lower_shifts(gamma)
+        gammas.append(gamma)
+        inside = (m >= -gamma) & counted
+        counts.append(np.bincount(group[inside], minlength=B))
+        sizes.append(np.bincount(group[counted], minlength=B))
+        adaptive.append(gamma > 0.0)
+        if gamma == 0.0:
+            if not working or not full_check:
+                break
+            sel = np.flatnonzero(inside)
+            val, ids = cone.scan(X[sel], probe_k)
+            n_checked += sel.size
+            ok = val[:, 0] >= 0
+            log_check = math.log(ok.mean()) if ok.any() else -np.inf
+            if ok.mean() >= min_full_fraction or cs.M >= max_constraints:
+                if not ok.any():
+                    side = "unresolved"
+                counts.append(np.bincount(group[sel[ok]], minlength=B))
+                sizes.append(np.bincount(group[sel], minlength=B))
+                adaptive.append(False)
+                break
+            cs.add(np.where(val[~ok] < 0, ids[~ok], -1).ravel())
+        pick = _resample(inside, B, rng)
+        X = X[pick]
+        P = sync(P[pick])
+        for _ in range(n_moves):
+            nu = rng.standard_normal((N, k))
+            Q = np.ascontiguousarray(nu @ cs.A.T)
+            if move == "hmc":
+                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, 0.5 * math.pi, MAX_BOUNCES)
+                if _DEBUG:
+                    print(f"level {len(counts)} M {cs.M} gamma {gamma:.3g} bounces mean {b.mean():.1f} max {b.max()} capped {(b >= MAX_BOUNCES).mean():.3f}")
+            else:
+                theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(N))
+                c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
+                X = X * c + nu * s
+                P = P * c + Q * s
+        if working:
+            probe()
+
+    counts = np.array(counts, dtype=np.float64)  # (L, B)
+    sizes = np.array(sizes, dtype=np.float64)
+    r = counts.sum(1) / sizes.sum(1)  # pooled fraction per level
+    n_levels = int(r.size)
+    if not np.all(r > 0):  # no chain survived the last level: only the levels before bound p
+        return float(np.log(r[r > 0]).sum()), np.inf, "unresolved", n_levels, cs.M, n_checked, log_check
+    # linearised influence of each group: log p_hat - log p ~ (1/B) sum_b sum_k e_bk
+    nbar = sizes.mean(1, keepdims=True)
+    e = ((counts - r[:, None] * sizes) / (r[:, None] * nbar)).sum(0)
+    se = SE_INFLATION * float(np.std(e, ddof=1) / math.sqrt(B))
+    # first-order bias corrections: levels placed at a sample quantile make p_hat too large by
+    # a factor 1 + sum_k (1 - r_k) / (r_k N) (Cerou, Del Moral, Furon, Guyader 2012, Sec. 3);
+    # log of an unbiased product is low by var / 2
+    ra = r[np.array(adaptive, dtype=bool)]
+    log_p = float(np.log(r).sum() - np.sum((1.0 - ra) / (ra * counted.sum())) + 0.5 * se * se)
+    return log_p, se, side, n_levels, cs.M, n_checked, log_check
+
+
+def _check_tokens(token_ids, V: int) -> np.ndarray:
+    if token_ids is None:
+        return np.arange(V, dtype=np.int64)
+    t = np.asarray(token_ids)
+    if t.ndim == 0:
+        t = t[None]
+    if t.ndim != 1 or t.size == 0:
+        raise ValueError(f"token_ids: expected a non-empty 1-D array of token ids, got shape {t.shape}")
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"token_ids: expected integers, got dtype {t.dtype}")
+    if t.min() < 0 or t.max() >= V:
+        raise ValueError(f"token_ids: expected ids in [0, {V}), got values in [{t.min()}, {t.max()}]")
+    return t.astype(np.int64)
+
+
+def log_cone_gaussian_measure(
+    W,
+    token_ids=None,
+    G=None,
+    *,
+    n_chains: int = 1024,
+    n_groups: int = 16,
+    level_prob: float = 0.5,
+    n_moves: int = 1,
+    move: str = "hmc",
+    working_set: str | bool = "auto",
+    full_check: bool = True,
+    max_constraints: int = 2048,
+    probe_k: int = 8,
+    n_probes: int = 4,
+    min_full_fraction: float = 0.05,
+    max_levels: int = 400,
+    confidence: float = 0.95,
+    seed=0,
+    progress: bool = False,
+) -> ConeMeasure:
+    """Log Gaussian measure of decoder cones: each cell's share of an origin-centred ellipsoid.
+
+    For every requested token ``t`` estimates ``log P(x in C_t)``, ``x ~ N(0, I_k)``,
+    ``C_t = {x : (w_t - w_s)^T G x >= 0 for all s != t}``: the share of ``S = G B`` held by the
+    decoder cell of ``t`` when the decoder has no bias (module docstring: multilevel splitting
+    with exact elliptical slice sampling for linear constraints).
+
+    Parameters
+    ----------
+    W : array_like of float32 or float64, shape (n_tokens, d)
+        The unembedding (stored and multiplied in float32, as :class:`embgeom.cells.Decoder`).
+    token_ids : array_like of int, shape (T,), optional
+        Tokens to estimate; default every token.
+    G : array_like of float, shape (d, k), optional
+        The support's linear map (``S = G B``); default the identity (the origin ball: the radius
+        does not change a cone's share). A rank-deficient ``G`` is reduced to its range
+        (``G = U S V^T`` -> ``U_r S_r``: the same law of ``G x``).
+    n_chains : int, default 1024
+        Chains per token; the budget. The standard error of ``log p`` falls like
+        ``1 / sqrt(n_chains)``.
+    n_groups : int, default 16
+        Independent groups of chains (>= 2; must divide ``n_chains``); their spread gives the
+        interval.
+    level_prob : float, default 0.5
+        Conditional probability per level, in (0, 1).
+    n_moves : int, default 2
+        LIN-ESS moves per chain per level (>= 1).
+    working_set : {"auto", True, False}, default "auto"
+        ``True``: constraints join a working set from probes and full checks (cheap for large
+        vocabularies; the full check keeps the estimate exact). ``False``: every constraint
+        from the start. ``"auto"``: a working set when the cone has more than
+        ``max_constraints`` constraints.
+    full_check : bool, default True
+        With a working set, check the final chains against every row of ``W`` (required for an
+        unbiased estimate). ``False`` returns the working-set cone's measure, an upper bound on
+        the share up to Monte Carlo error (``side == "upper"``).
+    max_constraints : int, default 2048
+        Cap on the working set.
+    probe_k : int, default 8
+        Smallest margins kept per checked point; the violated ones join the working set.
+    n_probes : int, default 4
+        Chains checked against every row of ``W`` after each level (one per group; at most
+        ``n_groups`` are used). A few points cost about as much as one: the scan reads all of ``W``.
+    min_full_fraction : float, default 0.05
+        The full check is accepted as the last level when at least this fraction of the
+        working-set cone's chains is in the real cone; otherwise the violated constraints join
+        and the levels go on.
+    max_levels : int, default 400
+        Give up after this many levels (``level_prob ** max_levels``: about ``e^-277`` at 0.5).
+    confidence : float, default 0.95
+        Two-sided coverage of ``[log_lower, log_upper]``.
+    seed : int or None, default 0
+        Token ``t`` draws from ``SeedSequence(seed, spawn_key=(t,))``: results do not depend on
+        which other tokens are estimated, nor their order.
+    progress : bool, default False
+        tqdm bar over tokens.
+
+    Returns
+    -------
+    ConeMeasure
+        Per-token ``log_share``, ``log_lower``, ``log_upper`` (nats), standard errors, the side
+        each figure errs on, levels, working-set size, points fully checked, seconds.
+
+    Raises
+    ------
+    TypeError
+        ``W``/``G`` not real float arrays, ``token_ids`` not integers, bad seed.
+    ValueError
+        NaN/inf, wrong shapes, ids out of range, budgets below 1, ``n_groups`` not dividing
+        ``n_chains``, ``level_prob`` or ``confidence`` outside (0, 1), unknown ``working_set``.
+
+    Notes
+    -----
+    - Ties between a point and a facet have measure zero and are ignored; an exact duplicate
+      row with a lower token id takes every tie, so such a cell is reported empty (``-inf``).
+    - Cost per level: two ``(n_chains, k) x (k, |S|)`` products per move; each checked point
+      costs one row of the full ``(k) x (k, |V|)`` product.
+    - The interval is a t-interval over ``n_groups`` independent groups: honest about MCMC
+      correlation, but with few groups its width itself is noisy.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> W = np.vstack([np.zeros(3), -np.eye(3)])  # cell of token 0: the positive orthant
+    >>> r = log_cone_gaussian_measure(W, [0], n_chains=512, seed=1)
+    >>> bool(abs(r.log_share[0] - 3 * np.log(0.5)) < 0.3)
+    True
+    """
+    from scipy import stats
+    from tqdm.auto import tqdm
+
+    W32 = np.ascontiguousarray(check_array(W, "W", ndim=2, dtype=None), dtype=np.float32)
+    V, d = W32.shape
+    if not np.isfinite(W32).all():
+        raise ValueError("W: overflows float32")
+    if G is None:
+        WG32 = W32
+    else:
+        G64 = check_array(G, "G", ndim=2, dtype=None).astype(np.float64)
+        if G64.shape[0] != d:
+            raise ValueError(f"G: expected shape ({d}, k) (S = G B in the hidden space), got {G64.shape}")
+        # only G's range matters (y = G x): drop its null directions exactly, or float32 round-off
+        # of W G leaves them as spurious thin cones (LayerNorm's shell has rank d - 1)
+        U, sv, _ = np.linalg.svd(G64, full_matrices=False)
+        r = int(np.sum(sv > sv[0] * 1e-12)) if sv.size and sv[0] > 0 else 0
+        if r == 0:
+            raise ValueError("G: expected a non-zero linear map")
+        WG32 = np.ascontiguousarray(W32.astype(np.float64) @ (U[:, :r] * sv[:r]), dtype=np.float32)
+    tokens = _check_tokens(token_ids, V)
+    n_chains = check_positive_int(n_chains, "n_chains")
+    n_groups = check_positive_int(n_groups, "n_groups", minimum=2)
+    if n_chains % n_groups or n_chains // n_groups < 2:
+        raise ValueError(f"n_chains: expected a multiple of n_groups={n_groups} with >= 2 chains per group, got {n_chains}")
+    level_prob = check_probability(level_prob, "level_prob")
+    if level_prob >= 1.0:
+        raise ValueError("level_prob: expected a number in (0, 1)")
+    n_moves = check_positive_int(n_moves, "n_moves")
+    max_constraints = check_positive_int(max_constraints, "max_constraints")
+    probe_k = check_positive_int(probe_k, "probe_k")
+    n_probes = min(check_positive_int(n_probes, "n_probes", minimum=0), n_groups)
+    min_full_fraction = check_probability(min_full_fraction, "min_full_fraction")
+    max_levels = check_positive_int(max_levels, "max_levels")
+    confidence = check_probability(confidence, "confidence")
+    if confidence >= 1.0:
+        raise ValueError("confidence: expected a number in (0, 1)")
+    if move not in ("hmc", "ess"):
+        raise ValueError(f"move: expected 'hmc' or 'ess', got {move!r}")
+    if working_set not in ("auto", True, False):
+        raise ValueError(f"working_set: expected 'auto', True or False, got {working_set!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise TypeError(f"seed: expected None or an int, got {type(seed).__name__}")
+    entropy = np.random.SeedSequence(seed).entropy
+
+    row_sq = np.einsum("ij,ij->i", WG32, WG32, dtype=np.float64)
+    tq = stats.t.ppf(0.5 + confidence / 2, n_groups - 1)
+    T = tokens.size
+    out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "log_check_fraction", "seconds")}
+    n_levels = np.zeros(T, dtype=np.int64)
+    n_used = np.zeros(T, dtype=np.int64)
+    n_checked = np.zeros(T, dtype=np.int64)
+    side = np.empty(T, dtype=object)
+    for i, t in enumerate(tqdm(tokens, desc="cone measures", unit="tok", disable=not progress)):
+        t0 = time.perf_counter()
+        cone = _Cone(WG32, row_sq, W32, int(t))
+        if cone.empty:
+            out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = -np.inf
+            out["std_err"][i] = 0.0
+            side[i] = "empty"
+        else:
+            working = cone.n_constraints > max_constraints if working_set == "auto" else bool(working_set)
+            if not working and move == "hmc" and cone.n_constraints > MAX_GRAM:
+                raise ValueError(
+                    f"working_set: False with move='hmc' needs the Gram matrix of all "
+                    f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
+                )
+            rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(int(t),)))
+            with _one_blas_thread():
+                lp, se, sd, nl, nu, nc, lc = _split_token(
+                    cone, rng, n_chains=n_chains, n_groups=n_groups, level_prob=level_prob,
+                    n_moves=n_moves, move=move, working=working, full_check=full_check,
+                    max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
+                    min_full_fraction=min_full_fraction, max_levels=max_levels,
+                )
+            side[i] = sd
+            if sd == "empty":
+                out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = -np.inf
+            n_levels[i], n_used[i], n_checked[i] = nl, nu, nc
+            out["log_check_fraction"][i] = lc
+            out["std_err"][i] = se
+            if sd == "empty":
+                pass
+            elif sd == "unresolved":
+                out["log_upper"][i] = min(lp + tq * se, 0.0) if np.isfinite(se) else lp
+                out["log_lower"][i] = -np.inf
+            else:
+                out["log_share"][i] = lp
+                out["log_lower"][i] = lp - tq * se
+                out["log_upper"][i] = min(lp + tq * se, 0.0)
+        out["seconds"][i] = time.perf_counter() - t0
+    return ConeMeasure(
+        token_ids=tokens, side=side.astype(str), n_levels=n_levels, n_constraints_used=n_used,
+        n_full_checks=n_checked, confidence=confidence,
+        params={"n_chains": n_chains, "n_groups": n_groups, "level_prob": level_prob,
+                "n_moves": n_moves, "move": move, "working_set": str(working_set), "full_check": bool(full_check),
+                "seed_entropy": int(entropy)},
+        **out,
+    )

@@ -1,0 +1,261 @@
+"""numba kernels behind :mod:`embgeom._rare_event` (exact elliptical slice sampling, linear constraints).
+
+One chain of the sampler sits at a point ``x`` of a polyhedron ``{x : a_s . x + c_s >= 0}`` and
+draws ``nu ~ N(0, I)``. On the ellipse ``x(theta) = x cos(theta) + nu sin(theta)`` constraint ``s``
+reads ``p_s cos(theta) + q_s sin(theta) + c_s >= 0`` with ``p_s = a_s . x`` and ``q_s = a_s . nu``
+(two matrix products computed by the caller). Writing ``p_s cos + q_s sin = R_s cos(theta - phi_s)``
+(``R_s = sqrt(p_s^2 + q_s^2)``, ``phi_s = atan2(q_s, p_s)``), the constraint fails exactly on the
+open arc of centre ``phi_s + pi`` and half-width ``arccos(c_s / R_s)`` when ``R_s > c_s >= 0``,
+and never otherwise. The feasible set of the ellipse is the circle minus the union of those arcs;
+the kernel draws ``theta`` uniformly on it: the exact linear-constraint elliptical slice sampler
+of Gessner, Kanjilal and Hennig ("Integrals over Gaussians under linear domain constraints",
+AISTATS 2020, Sec. 3), which leaves ``N(0, I)`` restricted to the polyhedron invariant and needs
+no rejection step.
+
+``theta = 0`` (the current point) is feasible, so in exact arithmetic no arc contains 0 and every
+arc lies inside ``(0, 2 pi)``; an arc that does contain 0 through round-off is clipped to
+``[0, 2 pi]`` (the chain then cannot stay put, but every other feasible angle keeps its weight).
+If round-off leaves no feasible angle at all the chain stays where it is (``theta = 0``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["ess_angles", "fold_smallest_margins", "hmc_trajectories"]
+
+_TWO_PI = 2.0 * math.pi
+
+
+@njit("float64[::1](float64[:, ::1], float64[:, ::1], float64[::1], float64[::1])", cache=True,
+      nogil=True)
+def ess_angles(P, Q, shift, u):
+    """One exact elliptical-slice angle per chain under linear constraints.
+
+    For chain ``i`` the feasible set is ``F_i = {theta in [0, 2 pi) : P[i, s] cos(theta) +
+    Q[i, s] sin(theta) + shift[s] >= 0 for all s}``; the kernel returns the point of ``F_i`` at
+    arc-length ``u[i] |F_i|`` counted from 0 (so ``u`` uniform on [0, 1) gives ``theta`` uniform
+    on ``F_i``).
+
+    Parameters
+    ----------
+    P : float64 (N, M), C-contiguous
+        ``a_s . x_i``: constraint values at the current points.
+    Q : float64 (N, M), C-contiguous
+        ``a_s . nu_i``: constraint values at the auxiliary Gaussian draws.
+    shift : float64 (M,)
+        ``c_s >= 0`` (``inf`` switches a constraint off).
+    u : float64 (N,)
+        Uniform numbers in [0, 1).
+
+    Returns
+    -------
+    theta : float64 (N,)
+        Angles in [0, 2 pi); 0 when round-off left no feasible angle.
+    """
+    N, M = P.shape
+    theta = np.zeros(N)
+    for i in range(N):
+        lo = np.empty(M)
+        hi = np.empty(M)
+        k = 0
+        for s in range(M):
+            c = shift[s]
+            p = P[i, s]
+            q = Q[i, s]
+            R = math.sqrt(p * p + q * q)
+            if not R > c:
+                continue  # the whole ellipse satisfies this constraint (also c = inf)
+            half = math.acos(c / R)
+            centre = math.atan2(q, p) + math.pi  # in [0, 2 pi]
+            a = centre - half
+            b = centre + half
+            if a < 0.0:
+                a = 0.0
+            if b > _TWO_PI:
+                b = _TWO_PI
+            if b > a:
+                lo[k] = a
+                hi[k] = b
+                k += 1
+        if k == 0:
+            theta[i] = u[i] * _TWO_PI
+            continue
+        order = np.argsort(lo[:k])
+        # gaps between the merged arcs: first pass measures, second pass locates
+        total = 0.0
+        cur = 0.0
+        for j in range(k):
+            s = order[j]
+            if lo[s] > cur:
+                total += lo[s] - cur
+            if hi[s] > cur:
+                cur = hi[s]
+        total += _TWO_PI - cur
+        if not total > 0.0:
+            theta[i] = 0.0
+            continue
+        target = u[i] * total
+        cur = 0.0
+        found = False
+        for j in range(k):
+            s = order[j]
+            if lo[s] > cur:
+                g = lo[s] - cur
+                if target < g:
+                    theta[i] = cur + target
+                    found = True
+                    break
+                target -= g
+            if hi[s] > cur:
+                cur = hi[s]
+        if not found:
+            th = cur + target
+            theta[i] = th if th < _TWO_PI else cur
+    return theta
+
+
+@njit("void(float32[:, ::1], float32[::1], float64[::1], int64, float64[:, ::1], int64[:, ::1])",
+      cache=True, nogil=True)
+def fold_smallest_margins(Z, zt, inv_norm, offset, best_val, best_idx):
+    """Fold one logits block into the ``k`` smallest normalised margins of each point.
+
+    For point ``i`` and token ``offset + j`` the normalised margin is
+    ``(zt[i] - Z[i, j]) * inv_norm[j]``: the signed distance-like value
+    ``(w_t - w_s) . y / |G^T (w_t - w_s)|`` of the cell constraint of token ``s = offset + j``
+    (``inv_norm[j] == 0`` skips a token: ``t`` itself and exact ties). ``best_val[i]`` is kept
+    sorted ascending, ``best_idx[i]`` holds the matching token ids; ties keep the earlier token.
+
+    Parameters
+    ----------
+    Z : float32 (nb, vb), C-contiguous
+        ``X_block @ WG_block.T`` for tokens ``offset .. offset + vb - 1``.
+    zt : float32 (nb,)
+        ``X_block @ WG[t]``, computed by the same float32 product.
+    inv_norm : float64 (vb,)
+        ``1 / |G^T (w_t - w_s)|`` (0 to skip).
+    offset : int64
+        Token id of column 0.
+    best_val : float64 (nb, k), updated in place
+        Running ``k`` smallest margins, ascending (start at ``inf``).
+    best_idx : int64 (nb, k), updated in place
+        Their token ids (start at -1).
+    """
+    nb, vb = Z.shape
+    k = best_val.shape[1]
+    for i in range(nb):
+        z0 = np.float64(zt[i])
+        worst = best_val[i, k - 1]
+        for j in range(vb):
+            w = inv_norm[j]
+            if w == 0.0:
+                continue
+            m = (z0 - np.float64(Z[i, j])) * w
+            if m < worst:
+                pos = k - 1
+                while pos > 0 and best_val[i, pos - 1] > m:
+                    best_val[i, pos] = best_val[i, pos - 1]
+                    best_idx[i, pos] = best_idx[i, pos - 1]
+                    pos -= 1
+                best_val[i, pos] = m
+                best_idx[i, pos] = offset + j
+                worst = best_val[i, k - 1]
+
+
+@njit("int64[::1](float64[:, ::1], float64[:, ::1], float64[:, ::1], float64[:, ::1], "
+      "float64[:, ::1], float64[:, :], float64[::1], float64, int64)", cache=True, nogil=True)
+def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
+    """Exact Hamiltonian trajectories of ``N(0, I)`` restricted to a polyhedron, with reflections.
+
+    The Hamiltonian ``|x|^2 / 2 + |v|^2 / 2`` moves a point along ``x(t) = x cos t + v sin t``
+    (velocity ``v(t) = -x sin t + v cos t``) until it meets a wall ``a_s . x + c_s = 0``; there
+    the velocity is reflected, ``v <- v - 2 (a_s . v) a_s`` (``|a_s| = 1``), and the flow goes
+    on until ``duration`` is spent (Pakman and Paninski, "Exact Hamiltonian Monte Carlo for
+    truncated multivariate Gaussians", JCGS 23 (2014), Sec. 2). Constraint ``s`` along the
+    current ellipse is ``R_s cos(t - phi_s) + c_s`` with ``R_s cos(phi_s) = p_s = a_s . x`` and
+    ``R_s sin(phi_s) = q_s = a_s . v``; it is next crossed from inside at
+    ``t = phi_s + arccos(-c_s / R_s)`` (mod 2 pi), and never when ``R_s <= c_s``. The constraint
+    values are rotated and reflected with the trajectory, reflections through the Gram matrix
+    (``q_s <- q_s - 2 q_j (a_s . a_j)``), so no matrix product is needed inside the loop.
+    Since ``|d/dt (p_s cos t + q_s sin t)| <= R_s``, constraint ``s`` cannot be crossed before
+    ``(p_s + c_s) / R_s``; constraints whose bound exceeds the earliest crossing found so far
+    skip the trigonometry.
+
+    Parameters
+    ----------
+    X, Vel : float64 (N, k), updated in place
+        Positions (feasible) and initial velocities (``N(0, I)`` draws); on return the end
+        points and end velocities.
+    P, Q : float64 (N, M), updated in place
+        ``A X^T`` and ``A Vel^T`` transposed (constraint values of positions and velocities).
+    A : float64 (M, k)
+        Unit-norm constraint rows.
+    gram : float64 (M, M)
+        ``A A^T``.
+    shift : float64 (M,)
+        ``c_s >= 0`` (``inf`` switches a constraint off).
+    duration : float
+        Trajectory length ``T`` (``pi / 2`` turns an unconstrained Gaussian into a fresh draw).
+    max_bounces : int
+        Safety cap on reflections per trajectory (the trajectory stops there, still feasible).
+
+    Returns
+    -------
+    bounces : int64 (N,)
+        Reflections per chain.
+    """
+    N, M = P.shape
+    k = X.shape[1]
+    bounces = np.zeros(N, dtype=np.int64)
+    for i in range(N):
+        left = duration
+        while True:
+            tmin = left
+            jmin = -1
+            for s in range(M):
+                c = shift[s]
+                p = P[i, s]
+                q = Q[i, s]
+                R = math.sqrt(p * p + q * q)
+                if not R > c:
+                    continue
+                # |d/dt (a_s . x(t))| <= R: no crossing before (p + c) / R; skip the trig if
+                # that is already past the earliest crossing found
+                if p + c >= tmin * R:
+                    continue
+                t = math.atan2(q, p) + math.acos(-c / R)
+                if t < 0.0:
+                    t += _TWO_PI
+                elif t >= _TWO_PI:
+                    t -= _TWO_PI
+                if t > 1e-12 and t < tmin:
+                    tmin = t
+                    jmin = s
+            ct = math.cos(tmin)
+            st = math.sin(tmin)
+            for s in range(M):
+                p = P[i, s]
+                q = Q[i, s]
+                P[i, s] = p * ct + q * st
+                Q[i, s] = q * ct - p * st
+            for j in range(k):
+                x = X[i, j]
+                v = Vel[i, j]
+                X[i, j] = x * ct + v * st
+                Vel[i, j] = v * ct - x * st
+            left -= tmin
+            if jmin < 0:
+                break
+            qj = Q[i, jmin]
+            if qj < 0.0:
+                for s in range(M):
+                    Q[i, s] -= 2.0 * qj * gram[jmin, s]
+                for j in range(k):
+                    Vel[i, j] -= 2.0 * qj * A[jmin, j]
+            bounces[i] += 1
+            if bounces[i] >= max_bounces or not left > 0.0:
+                break
+    return bounces

@@ -1,0 +1,364 @@
+"""Rare-event cell shares (embgeom._rare_event) against cones whose Gaussian measure is known exactly.
+
+Every case is rotated by a random orthogonal matrix so that no axis is special. Exact shares:
+- orthant cell: rows ``0`` and ``-e_1 .. -e_k``; the cell of row 0 is ``{x_i >= 0, i <= k}``,
+  share ``2^-k`` (k = 40: 9.1e-13; k = 50: 8.9e-16);
+- cross-polytope: rows ``+-e_i`` in d dimensions, each cell ``1 / (2 d)`` by symmetry;
+- regular simplex: the d + 1 centred vertices, each cell ``1 / (d + 1)``;
+- 2-D sectors: unit rows at angles ``phi_i``, the cell of row i is the arc between the bisectors
+  with its neighbours, share ``(phi_{i+1} - phi_{i-1}) / (4 pi)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import special_ortho_group
+
+from embgeom import _rare_kernels
+from embgeom._rare_event import log_cone_gaussian_measure
+from embgeom.cells import Decoder
+
+
+def _rotated(W, seed):
+    d = W.shape[1]
+    if d == 1:
+        return W
+    return W @ special_ortho_group.rvs(d, random_state=seed).T
+
+
+def orthant(k, d, seed=0, n_redundant=0):
+    """Row 0's cell is the orthant {x_i >= 0, i < k} (then rotated); share 2^-k.
+
+    ``n_redundant`` extra rows ``-sum_i lambda_i e_i`` (lambda >= 0) are implied by the facets:
+    they enlarge the vocabulary without changing row 0's cell.
+    """
+    rows = [np.zeros(d), *(-np.eye(d)[:k])]
+    if n_redundant:
+        lam = np.abs(np.random.default_rng(seed).standard_normal((n_redundant, k)))
+        R = np.zeros((n_redundant, d))
+        R[:, :k] = -lam
+        rows = np.vstack([np.vstack(rows), R])
+    return _rotated(np.vstack(rows), seed), k * math.log(0.5)
+
+
+def cross_polytope(d, seed=0):
+    return _rotated(np.vstack([np.eye(d), -np.eye(d)]), seed), -math.log(2 * d)
+
+
+def simplex(d, seed=0):
+    E = np.eye(d + 1) - 1.0 / (d + 1)  # centred vertices of the standard simplex, in R^(d+1)
+    U, _, _ = np.linalg.svd(E.T)
+    W = E @ U[:, :d]  # the same vertices in the d-dimensional hyperplane they span
+    return _rotated(W, seed), -math.log(d + 1)
+
+
+# -------------------------------------------------------------------------------- kernels
+def test_ess_angles_uniform_on_the_feasible_arcs():
+    # one constraint p cos + q sin + c >= 0 with R > c: infeasible arc of length 2 acos(c / R)
+    rng = np.random.default_rng(0)
+    p, q, c = 0.3, -1.1, 0.2
+    n = 20_000
+    P = np.full((n, 1), p)
+    Q = np.full((n, 1), q)
+    th = _rare_kernels.ess_angles(P, Q, np.array([c]), rng.random(n))
+    vals = p * np.cos(th) + q * np.sin(th) + c
+    assert np.all(vals >= -1e-12)
+    R = math.hypot(p, q)
+    feasible = 2 * math.pi - 2 * math.acos(c / R)
+    # uniform on the feasible set: a histogram over [0, 2 pi) is flat where feasible
+    hist, edges = np.histogram(th, bins=40, range=(0, 2 * math.pi))
+    g = p * np.cos(edges) + q * np.sin(edges) + c
+    inside = (g[:-1] > 0) & (g[1:] > 0)  # bins wholly in the feasible set
+    width = edges[1] - edges[0]
+    expected = n * width / feasible
+    assert np.allclose(hist[inside], expected, rtol=0.15)
+
+
+def test_hmc_keeps_the_orthant_gaussian():
+    rng = np.random.default_rng(1)
+    k, d, n = 12, 20, 4000
+    Rm = special_ortho_group.rvs(d, random_state=3)
+    A = np.ascontiguousarray(np.eye(d)[:k] @ Rm.T)
+    Z = rng.standard_normal((n, d))
+    Z[:, :k] = np.abs(Z[:, :k])
+    X = np.ascontiguousarray(Z @ Rm.T)  # exact draws of N(0, I) on the orthant
+    for _ in range(5):
+        V = rng.standard_normal((n, d))
+        P, Q = np.ascontiguousarray(X @ A.T), np.ascontiguousarray(V @ A.T)
+        b = _rare_kernels.hmc_trajectories(X, V, P, Q, A, A @ A.T, np.zeros(k), math.pi / 2, 10_000)
+        assert b.mean() > 1  # it does bounce
+        assert (X @ A.T).min() > -1e-9  # and stays inside
+        assert np.allclose(P, X @ A.T, atol=1e-9)
+    Y = X @ Rm
+    assert abs(Y[:, :k].mean() - math.sqrt(2 / math.pi)) < 0.02  # half-normal mean
+    assert abs(Y[:, k:].var() - 1.0) < 0.05
+
+
+def test_fold_smallest_margins_matches_numpy():
+    rng = np.random.default_rng(2)
+    Z = rng.standard_normal((7, 50)).astype(np.float32)
+    zt = rng.standard_normal(7).astype(np.float32)
+    inv = np.abs(rng.standard_normal(50)) + 0.1
+    inv[5] = 0.0
+    val = np.full((7, 3), np.inf)
+    idx = np.full((7, 3), -1, dtype=np.int64)
+    _rare_kernels.fold_smallest_margins(Z[:, :20].copy(), zt, inv[:20], 0, val, idx)
+    _rare_kernels.fold_smallest_margins(Z[:, 20:].copy(), zt, inv[20:], 20, val, idx)
+    M = (zt[:, None].astype(np.float64) - Z.astype(np.float64)) * inv
+    M[:, 5] = np.inf
+    order = np.argsort(M, axis=1, kind="stable")[:, :3]
+    assert np.array_equal(idx, order)
+    assert np.allclose(val, np.take_along_axis(M, order, 1))
+
+
+# -------------------------------------------------------------------------------- truth
+@pytest.mark.parametrize(
+    "case",
+    ["sector", "cross8", "simplex5", "orthant10_16", "orthant40_64", "orthant50_64"],
+)
+def test_known_shares(case):
+    if case == "sector":
+        phi = np.array([0.0, 0.4, 1.9, 3.0, 4.4])
+        W = np.stack([np.cos(phi), np.sin(phi)], 1)
+        ext = np.concatenate([phi[-1:] - 2 * math.pi, phi, phi[:1] + 2 * math.pi])
+        truth = np.log((ext[2:] - ext[:-2]) / (4 * math.pi))
+        tokens = np.arange(5)
+    else:
+        if case == "cross8":
+            W, lt = cross_polytope(8)
+        elif case == "simplex5":
+            W, lt = simplex(5)
+        else:
+            k, d = (int(x) for x in case[len("orthant"):].split("_"))
+            W, lt = orthant(k, d)
+        tokens = np.array([0])
+        truth = np.array([lt])
+    r = log_cone_gaussian_measure(W, tokens, seed=7)
+    err = r.log_share - truth
+    assert np.all(np.abs(err) <= 0.3), (case, err)
+    assert np.all(np.abs(err) <= 4 * r.std_err), (case, err, r.std_err)  # coverage: see below
+    assert np.all(r.side == "two-sided")
+    if case.startswith("orthant"):
+        assert r.n_levels[0] >= -truth[0] / math.log(2) * 0.7  # about one level per halving
+
+
+def test_coverage_over_seeds():
+    W, lt = orthant(20, 32, seed=1)  # 9.5e-7
+    r = [log_cone_gaussian_measure(W, [0], n_chains=256, seed=s) for s in range(20)]
+    err = np.array([x.log_share[0] - lt for x in r])
+    cover = np.array([x.log_lower[0] <= lt <= x.log_upper[0] for x in r])
+    assert cover.sum() >= 17, err
+    assert abs(err.mean()) < 0.15  # no bias beyond noise (sd of the mean ~0.07 here)
+    assert np.sqrt(np.mean(err**2)) < 0.45
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,d", [(10, 16), (30, 48), (40, 64)])
+def test_coverage_50_seeds(k, d):
+    W, lt = orthant(k, d, seed=k)
+    r = [log_cone_gaussian_measure(W, [0], seed=s) for s in range(50)]
+    err = np.array([x.log_share[0] - lt for x in r])
+    cover = np.mean([x.log_lower[0] <= lt <= x.log_upper[0] for x in r])
+    assert cover >= 0.9, (cover, err)
+    assert np.sqrt(np.mean(err**2)) <= 0.3
+
+
+def test_uniform_cross_check_random_cells():
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((12, 4)) * rng.uniform(0.5, 1.5, (12, 1))
+    G = rng.standard_normal((4, 4))
+    X = rng.standard_normal((200_000, 4))
+    idx = Decoder(W).assign(X @ G.T)
+    counts = np.bincount(idx, minlength=12)
+    r = log_cone_gaussian_measure(W, None, G, n_chains=256, seed=3)
+    hit = counts > 200
+    assert hit.sum() >= 6
+    p = counts[hit] / X.shape[0]
+    se_mc = np.sqrt((1 - p) / (p * X.shape[0]))
+    diff = r.log_share[hit] - np.log(p)
+    assert np.all(np.abs(diff) <= 3 * np.hypot(r.std_err[hit], se_mc)), diff
+    empty = r.side == "empty"
+    assert np.all(counts[empty] == 0)  # cells proven empty get no uniform hit
+    assert np.all(r.log_share[empty] == -np.inf)
+    # the shares of all cells sum to one
+    fin = np.isfinite(r.log_share)
+    p_hat = np.exp(r.log_share[fin])
+    assert abs(p_hat.sum() - 1.0) <= 3 * np.sqrt(np.sum((p_hat * r.std_err[fin]) ** 2))
+
+
+# -------------------------------------------------------------------------------- working set
+def test_working_set_with_redundant_rows():
+    W, lt = orthant(15, 24, seed=2, n_redundant=3000)
+    r = log_cone_gaussian_measure(W, [0], max_constraints=256, seed=4)
+    assert r.side[0] == "two-sided"
+    assert r.n_constraints_used[0] <= 256 < W.shape[0] - 1
+    assert r.n_full_checks[0] > 0
+    assert abs(r.log_share[0] - lt) <= min(0.3, 4 * r.std_err[0])
+
+
+def test_subset_without_full_check_is_an_upper_bound():
+    W, lt = orthant(10, 16, seed=3, n_redundant=500)
+    # cap the working set below the 10 facets: the subset cone is larger than the cell
+    r = log_cone_gaussian_measure(W, [0], max_constraints=5, working_set=True, full_check=False, seed=1)
+    assert r.side[0] == "upper"
+    assert r.log_share[0] > lt + 1.0
+    full = log_cone_gaussian_measure(W, [0], max_constraints=64, working_set=True, seed=1)
+    assert full.side[0] == "two-sided"
+    assert abs(full.log_share[0] - lt) <= 0.3
+
+
+def test_membership_matches_the_decoder():
+    from embgeom._rare_event import _Cone
+
+    rng = np.random.default_rng(8)
+    W = rng.standard_normal((300, 6)).astype(np.float32)
+    G = rng.standard_normal((6, 6))
+    WG = (W.astype(np.float64) @ G).astype(np.float32)
+    X = rng.standard_normal((2000, 6))
+    idx = Decoder(W).assign((X @ G.T).astype(np.float32))
+    t = int(np.bincount(idx).argmax())
+    cone = _Cone(WG, np.einsum("ij,ij->i", WG, WG, dtype=np.float64), W, t)
+    val, _ = cone.scan(X, 2)
+    assert np.array_equal(val[:, 0] >= 0, idx == t)
+
+
+# -------------------------------------------------------------------------------- API
+def test_per_token_seeds_do_not_depend_on_the_batch():
+    W, _ = cross_polytope(4)
+    a = log_cone_gaussian_measure(W, [2, 5], n_chains=64, seed=11)
+    b = log_cone_gaussian_measure(W, [5], n_chains=64, seed=11)
+    assert a.log_share[1] == b.log_share[0]
+    c = log_cone_gaussian_measure(W, [5], n_chains=64, seed=12)
+    assert c.log_share[0] != b.log_share[0]
+
+
+def test_duplicate_rows_lower_id_takes_the_cell():
+    W, _ = cross_polytope(3)
+    W = np.vstack([W, W[1]])  # token 6 duplicates token 1
+    r = log_cone_gaussian_measure(W, [1, 6], n_chains=128, seed=0)
+    assert r.side[1] == "empty" and r.log_share[1] == -np.inf and r.log_upper[1] == -np.inf
+    assert abs(r.log_share[0] + math.log(6)) < 0.3  # the tie is not a constraint for token 1
+
+
+def test_single_token_has_the_whole_space():
+    r = log_cone_gaussian_measure(np.ones((1, 3)), [0], n_chains=32, seed=0)
+    assert r.log_share[0] == 0.0
+
+
+@pytest.mark.parametrize(
+    "kw,exc,word",
+    [
+        ({"n_chains": 0}, ValueError, "n_chains"),
+        ({"n_chains": 30}, ValueError, "n_chains"),
+        ({"n_groups": 1}, ValueError, "n_groups"),
+        ({"level_prob": 1.0}, ValueError, "level_prob"),
+        ({"move": "gibbs"}, ValueError, "move"),
+        ({"working_set": "yes"}, ValueError, "working_set"),
+        ({"token_ids": [9]}, ValueError, "token_ids"),
+        ({"token_ids": [0.5]}, TypeError, "token_ids"),
+        ({"G": np.eye(4)}, ValueError, "G"),
+        ({"seed": 1.5}, TypeError, "seed"),
+    ],
+)
+def test_bad_input(kw, exc, word):
+    W, _ = cross_polytope(3)
+    with pytest.raises(exc, match=word):
+        log_cone_gaussian_measure(W, **kw)
+
+
+def test_nan_in_W():
+    W, _ = cross_polytope(3)
+    W[0, 0] = np.nan
+    with pytest.raises(ValueError, match="W"):
+        log_cone_gaussian_measure(W)
+
+
+# -------------------------------------------------------------------------------- cell_volumes
+def _supports_for(d):
+    from embgeom.supports import Ball, Ellipsoid, FinalNormShell
+
+    rng = np.random.default_rng(9)
+    Q = special_ortho_group.rvs(d, random_state=9)
+    shape = Q @ np.diag(1.0 / rng.uniform(0.3, 3.0, d) ** 2) @ Q.T
+    gain = rng.uniform(0.3, 3.0, d)
+    return {
+        "ball": Ball.from_params(np.zeros(d), 2.0),
+        "ellipsoid": Ellipsoid.from_params(np.zeros(d), shape),
+        "rmsnorm": FinalNormShell.from_params("rmsnorm", gain),
+        "layernorm": FinalNormShell.from_params("layernorm", gain),
+    }
+
+
+@pytest.mark.parametrize("name", ["ball", "ellipsoid", "rmsnorm", "layernorm"])
+def test_cell_volumes_rare_event_matches_uniform_sampling(name):
+    from embgeom.volumes import cell_volumes
+
+    rng = np.random.default_rng(4)
+    W = rng.standard_normal((10, 4)).astype(np.float32)
+    support = _supports_for(4)[name]
+    cv = cell_volumes(Decoder(W), support, 100_000, seed=2, progress=False, n_chains=256)
+    assert cv.extra["method"] == "rare-event"
+    assert set(cv.token_method) <= {"rare-event", "empty"}
+    hit = cv.counts > 300
+    p = cv.fractions[hit]
+    se_mc = np.sqrt((1 - p) / (p * cv.n_samples))
+    se_re = (cv.log_upper[hit] - cv.log_lower[hit]) / (2 * 2.13)  # t(15) half-width
+    diff = cv.log_fractions[hit] - np.log(p)
+    assert np.all(np.abs(diff) <= 3 * np.hypot(se_re, se_mc)), diff
+    assert np.all(cv.counts[cv.token_method == "empty"] == 0)
+
+
+def test_cell_volumes_token_sample_and_fallback():
+    from embgeom.supports import Ball, Box
+    from embgeom.volumes import cell_volumes
+
+    W, _ = cross_polytope(5)
+    dec = Decoder(W)
+    cv = cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 2000, seed=0, progress=False, tokens=4, n_chains=64)
+    est = cv.token_method == "rare-event"
+    assert est.sum() == 4 and np.all(cv.token_method[~est] == "not estimated")
+    assert np.all(np.isnan(cv.log_fractions[~est])) and np.all(np.isfinite(cv.log_fractions[est]))
+    assert np.all(np.abs(cv.log_fractions[est] + math.log(10)) < 0.6)
+    assert cv.extra["rare_event"]["token_sample"] == 4
+    import json
+
+    json.dumps(cv.to_dict())  # the summary stays JSON-able with the rare-event record
+    # the same seed draws the same token sample
+    cv2 = cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 2000, seed=0, progress=False, tokens=4, n_chains=64)
+    assert np.array_equal(cv2.token_method, cv.token_method)
+    # a box: cells are not cones through its centre -> uniform only, said so
+    box = Box.from_params(-np.ones(5), np.ones(5))
+    cvb = cell_volumes(dec, box, 2000, seed=0, progress=False)
+    assert cvb.extra["method"] == "uniform" and "not applicable" in cvb.extra["rare_event"]
+    assert np.all(cvb.token_method == "uniform")
+    assert np.array_equal(np.isnan(cvb.log_fractions), cvb.counts == 0)
+    with pytest.raises(ValueError, match="method"):
+        cell_volumes(dec, box, 100, method="rare-event", progress=False)
+    with pytest.raises(ValueError, match="method"):
+        cell_volumes(Decoder(W, np.ones(10)), Ball.from_params(np.zeros(5), 1.0), 100, method="rare-event", progress=False)
+    with pytest.raises(ValueError, match="method"):
+        cell_volumes(dec, box, 100, method="splitting", progress=False)
+    with pytest.raises(ValueError, match="n_chains"):
+        cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 100, n_chains=0, progress=False)
+    with pytest.raises(ValueError, match="n_samples"):
+        cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 0, progress=False)
+    with pytest.raises(ValueError, match="tokens"):
+        cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 100, tokens=[99], progress=False)
+
+
+def test_histogram_of_rare_event_log_shares(tmp_path):
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    W, _ = cross_polytope(3)
+    dec = Decoder(np.vstack([W, np.zeros((2, 3))]))  # the two zero rows have empty cells
+    cv = cell_volumes(dec, Ball.from_params(np.zeros(3), 1.0), 500, seed=0, progress=False, n_chains=64)
+    assert list(cv.token_method[-2:]) == ["empty", "empty"] and np.all(cv.log_fractions[-2:] == -np.inf)
+    ax = cv.histogram(path=tmp_path / "h.png")
+    assert not any("0 hits" in t.get_text() for t in ax.texts)  # no zero-hit bar
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["6 tokens, rare-event; 2 proven empty, not drawn"]
+    assert sum(p.get_height() for p in ax.patches) == 6

@@ -17,7 +17,6 @@ import time
 import numpy as np
 import pytest
 
-from embgeom._parallel_workloads import cell_volume_counts, sample_chunks, token_chunks, unargmaxable_chunked
 from embgeom.cells import STATUS_NAMES, Decoder
 from embgeom.parallel import LocalExecutor, RayExecutor, get_executor, map_keyed, task_seed
 from embgeom.supports import Ball, Box
@@ -100,7 +99,7 @@ def test_task_seed_of_a_str_key_is_the_same_in_another_process():
 
 def test_import_embgeom_stays_ray_free():
     code = (
-        "import sys, embgeom, embgeom.parallel, embgeom._parallel_workloads\n"
+        "import sys, embgeom, embgeom.parallel, embgeom._unargmaxable, embgeom.volumes\n"
         "from embgeom.parallel import get_executor\n"
         "ex = get_executor('ray', ray_address='auto')\n"  # constructing does not import Ray
         "print('ray' in sys.modules)\n"
@@ -144,13 +143,13 @@ def test_bad_arguments_are_refused():
         get_executor("local", ray_address="auto")
     with pytest.raises(ValueError, match="num_gpus"):
         RayExecutor(num_gpus=-1)
-    with pytest.raises(ValueError, match="max_lp"):
-        unargmaxable_chunked(Decoder(np.eye(3, dtype=np.float32)), max_lp=5)
-    with pytest.raises(TypeError, match="seed"):
-        cell_volume_counts(Decoder(np.eye(3, dtype=np.float32)), Ball.from_params(None, 1.0, dim=3), 10, None)
-    with pytest.raises(ValueError, match="tokens"):
-        token_chunks(10, [3, 10])
-    assert [v[0] for v in sample_chunks(10, 4).values()] == [4, 4, 2]
+    with pytest.raises(ValueError, match="chunk_size"):
+        Decoder(np.eye(3, dtype=np.float32)).unargmaxable(chunk_size=0, progress=False)
+    with pytest.raises(ValueError, match="executor"):
+        Decoder(np.eye(3, dtype=np.float32)).unargmaxable(executor="dask", progress=False)
+    with pytest.raises(ValueError, match="executor"):
+        cell_volumes(Decoder(np.eye(3, dtype=np.float32)), Ball.from_params(None, 1.0, dim=3), 10, 0,
+                     executor="threads", progress=False)
 
 
 def test_command_line_flags_pick_the_executor():
@@ -168,16 +167,6 @@ def test_command_line_flags_pick_the_executor():
     assert executor_from_args(parser.parse_args(["--executor", "ray"]), device="cpu").num_gpus == 0
     with pytest.raises(ValueError, match="only with --executor ray"):
         executor_from_args(parser.parse_args(["--ray-address", "auto"]))
-
-
-def test_chunked_cell_volume_counts_equal_the_serial_loop():
-    rng = np.random.default_rng(0)
-    W = rng.standard_normal((60, 5)).astype(np.float32)
-    for dec, support in ((Decoder(W), Ball.from_params(None, 1.0, dim=5)),
-                         (Decoder(W, rng.standard_normal(60).astype(np.float32)), Box.from_params(-np.ones(5), np.ones(5)))):
-        serial = cell_volumes(dec, support, 5000, seed=9, batch_size=700, progress=False).counts
-        chunked = cell_volume_counts(dec, support, 5000, 9, batch_size=700, progress=False)
-        assert chunked.dtype == np.int64 and np.array_equal(serial, chunked)
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,23 +247,31 @@ def _small_W(seed=0):
 
 def test_unargmaxable_scan_is_identical_on_every_executor(executors):
     dec = Decoder(_small_W())
-    whole = dec.unargmaxable(progress=False)
-    runs = {name: unargmaxable_chunked(dec, chunk_size=64, executor=ex, progress=False)
+    whole = dec.unargmaxable(progress=False, chunk_size=10_000)  # one witness task, one LP task
+    runs = {name: dec.unargmaxable(chunk_size=64, batch_size=32, executor=ex, progress=False)
             for name, ex in executors.items()}
     for name, res in runs.items():
-        assert res.extra["n_chunks"] == 5
-        assert np.array_equal(res.status, runs["local"].status), name
-        assert np.array_equal(res.tokens, whole.tokens), name  # exact verdicts: chunking changes nothing
-        assert res.n_undecided == 0
+        assert res.extra["executor"] == ("local" if name == "local" else "ray")
+        # exact verdicts, and chunks aligned with the serial batches: the same status codes
+        assert np.array_equal(res.status, whole.status), name
+        assert np.array_equal(res.tokens, whole.tokens), name
+        assert res.n_lp == whole.n_lp and res.n_undecided == 0
+        assert res.extra["lp_iterations_mean"] == whole.extra["lp_iterations_mean"]
     assert {10, 11, 70} <= set(whole.tokens.tolist()) and 12 not in whole.tokens
-    assert runs["local"].status_of(70) == "duplicate"
-    assert runs["local"].n_lp > 0 and {"lp_empty", "lp_witness"} <= {runs["local"].status_of(t) for t in range(300)}
+    assert whole.status_of(70) == "duplicate"
+    assert whole.n_lp > 64 and {"lp_empty", "lp_witness"} <= {whole.status_of(t) for t in range(300)}
+    # the global LP cap applies in token order, as in one call, whatever the chunks
+    capped = dec.unargmaxable(max_lp=40, progress=False)
+    for ex in executors.values():
+        got = dec.unargmaxable(max_lp=40, chunk_size=64, batch_size=32, executor=ex, progress=False)
+        assert np.array_equal(got.status, capped.status) and got.n_undecided == whole.n_lp - 40
     # a token subset: the others are "skipped"
     ids = [11, 70, 5, 0, 299]
-    sub = unargmaxable_chunked(dec, tokens=ids, chunk_size=2, executor=executors["ray2"], progress=False)
+    sub = dec.unargmaxable(tokens=ids, chunk_size=2, batch_size=1, executor=executors["ray2"], progress=False)
     assert sub.tokens.tolist() == sorted(set(ids) & set(whole.tokens.tolist()))
     assert (sub.status == STATUS_NAMES.index("skipped")).sum() == 300 - len(ids)
-    assert np.array_equal(sub.status[ids], runs["local"].status[ids])
+    empty = [STATUS_NAMES.index("lp_empty"), STATUS_NAMES.index("duplicate")]
+    assert np.array_equal(np.isin(sub.status[ids], empty), np.isin(whole.status[ids], empty))
 
 
 def test_cell_volume_counts_are_identical_on_every_executor(executors):
@@ -283,10 +280,11 @@ def test_cell_volume_counts_are_identical_on_every_executor(executors):
     cases = [(Decoder(W), Ball.from_params(None, 1.0, dim=8)),  # cones: Gaussian directions
              (Decoder(W, rng.standard_normal(400).astype(np.float32)), Box.from_params(-np.ones(8), np.ones(8)))]
     for dec, support in cases:
-        serial = cell_volumes(dec, support, 30_000, seed=11, batch_size=4096, progress=False).counts
+        serial = cell_volumes(dec, support, 30_000, seed=11, batch_size=30_000, progress=False).counts
         for name, ex in executors.items():
-            got = cell_volume_counts(dec, support, 30_000, 11, batch_size=4096, executor=ex, progress=False)
-            assert np.array_equal(got, serial), name
+            got = cell_volumes(dec, support, 30_000, seed=11, batch_size=8192, executor=ex, progress=False)
+            assert got.counts.dtype == np.int64 and np.array_equal(got.counts, serial), name
+            assert got.extra["executor"] == ("local" if name == "local" else "ray")
 
 
 def test_killed_worker_is_retried_and_the_results_equal_the_local_run(executors, tmp_path):

@@ -8,11 +8,13 @@ bit-identical results on the local executor and on both.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -301,3 +303,112 @@ def test_killed_worker_is_retried_and_the_results_equal_the_local_run(executors,
     with pytest.raises(WorkerCrashedError):
         RayExecutor(num_cpus=1, max_retries=0, stall_timeout=STALL).map_keyed(
             _dies_once, tasks, kwargs={"marker": str(tmp_path / "died2")}, seed=77, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# the cramming sweep on a tiny random Llama (as in tests/test_cramming.py)
+# --------------------------------------------------------------------------------------------
+def _tiny_llama():
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                      initializer_range=0.3, tie_word_embeddings=False, attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+_SWEEP = dict(lengths=[2, 4, 8], n_targets=3, steps=30, lr=0.05, seed=0, adaptive=True, max_length=8,
+              batch_size=1, n_boot=10, plot=False, progress=False)
+
+
+def _records(path):
+    """{(m, n, target index): record without its wall times}, and the number of lines."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    recs = {(r["n_mem"], r["length"], r["target_index"]):
+            {k: v for k, v in r.items() if k not in ("wall_s", "batch_wall_s")} for r in lines}
+    return recs, len(lines)
+
+
+@pytest.fixture(scope="module")
+def cram_local(tmp_path_factory):
+    """The tiny sweep run locally in this process (one torch thread, as a Ray worker has)."""
+    import torch
+
+    from embgeom.cramming import run_cram
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = _tiny_llama()
+        out = tmp_path_factory.mktemp("cram_local")
+        summary = run_cram(model, [1, 2], out, **_SWEEP)
+    finally:
+        torch.set_num_threads(old)
+    return model, summary, _records(out / "cram.jsonl")
+
+
+def test_cramming_sweep_on_ray_gives_the_local_records(cram_local, executors, tmp_path):
+    from embgeom.cramming import run_cram
+
+    model, summary, (want, n_lines) = cram_local
+    assert n_lines == len(want) >= 12  # the adaptive search ran several lengths per m
+    out = tmp_path / "ray"
+    got = run_cram(model, [1, 2], out, executor=executors["ray2"], **_SWEEP)
+    recs, n = _records(out / "cram.jsonl")
+    assert n == n_lines and recs == want  # bit-identical verdicts, losses, steps, settings hash
+    assert got["curves"] == summary["curves"] and got["n50"] == summary["n50"]
+    # the file order is the task order, not the completion order
+    assert _ordered_keys(out / "cram.jsonl") == _ordered_keys(Path(summary["files"]["jsonl"]))
+
+
+def _ordered_keys(path):
+    return [(r["n_mem"], r["length"], r["target_index"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+def test_cramming_sweep_killed_mid_way_resumes_without_loss_or_double_count(cram_local, ray_cluster, tmp_path):
+    import threading
+
+    import psutil
+
+    from embgeom.cramming import run_cram
+
+    model, summary, (want, n_lines) = cram_local
+    out = tmp_path / "killed"
+    jsonl = out / "cram.jsonl"
+    failure = []
+
+    def sweep():
+        try:  # no retries: the killed task ends the run, as a lost node or Ctrl-C would
+            run_cram(model, [1, 2], out, executor=RayExecutor(num_cpus=1, max_retries=0, stall_timeout=STALL),
+                     **_SWEEP)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            failure.append(exc)
+
+    th = threading.Thread(target=sweep)
+    th.start()
+    killed = None
+    deadline = time.time() + 120
+    while killed is None and th.is_alive() and time.time() < deadline:
+        if jsonl.exists() and jsonl.read_text().count("\n") >= 2:  # some results are in
+            for proc in psutil.process_iter(["cmdline"]):
+                cmd = proc.info["cmdline"] or []
+                if cmd and cmd[0].startswith("ray::_run_task"):
+                    proc.kill()
+                    killed = proc.pid
+                    break
+        time.sleep(0.02)
+    th.join(timeout=180)
+    assert killed is not None and not th.is_alive()
+    from ray.exceptions import WorkerCrashedError
+
+    assert failure and isinstance(failure[0], WorkerCrashedError)
+    partial, n_partial = _records(jsonl)
+    assert 2 <= n_partial < n_lines and n_partial == len(partial)
+    assert all(partial[k] == want[k] for k in partial)  # what was written is right
+    # the rerun crams only what is missing: every target once, the records of the local run
+    again = run_cram(model, [1, 2], out, executor=RayExecutor(num_cpus=1, stall_timeout=STALL), **_SWEEP)
+    recs, n = _records(jsonl)
+    assert n == n_lines and recs == want
+    assert again["curves"] == summary["curves"]

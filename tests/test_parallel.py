@@ -171,6 +171,24 @@ def test_command_line_flags_pick_the_executor():
         executor_from_args(parser.parse_args(["--ray-address", "auto"]))
 
 
+@pytest.mark.parametrize("command", [["report", "--quick"], ["cram", "--mem", "1"]])
+def test_report_and_cram_take_the_executor_flags(command, tmp_path, capsys, monkeypatch):
+    import embgeom.adapters
+    from embgeom.cli import build_parser, main
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(embgeom.adapters, "load_model", refuse)
+
+    args = build_parser().parse_args([*command, "--out", str(tmp_path), "--executor", "ray",
+                                      "--ray-address", "auto"])
+    assert args.executor == "ray" and args.ray_address == "auto"
+    # a Ray flag without --executor ray: one line and exit 2, before any model is loaded
+    assert main([*command, "--out", str(tmp_path), "--ray-address", "auto"]) == 2
+    assert "only with --executor ray" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------
 # on a local Ray cluster
 # --------------------------------------------------------------------------------------------

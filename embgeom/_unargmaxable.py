@@ -445,7 +445,9 @@ def scan(dec: Decoder, support=None, *, tokens=None, witness_steps: int = 30, ba
         status, pos = select_tokens(setup, tokens)
         uniq = setup.uniq
         extra = {"n_distinct_rows": setup.n_distinct}
+        t_prep = time.perf_counter()
         shared = {"setup": ex.put(setup) if pos.size else setup}
+        t_put = time.perf_counter()
         # witnesses, one task per chunk of positions
         parts = _aligned_chunks(pos.size, chunk_size, batch_size)
         out = ex.map_keyed(witness_phase, {i: (pos[s],) for i, s in parts.items()}, shared=shared,
@@ -454,6 +456,7 @@ def scan(dec: Decoder, support=None, *, tokens=None, witness_steps: int = 30, ba
         won = np.concatenate([out[i][0] for i in parts]) if parts else np.zeros(0, bool)
         last = np.concatenate([out[i][1] for i in parts]) if parts else np.zeros((0, dec.dim))
         status[uniq[pos[won]]] = _STATUS["witness"]
+        t_wit = time.perf_counter()
         # the global LP cap, in token order
         need = np.flatnonzero(~won)
         n_lp = 0
@@ -471,7 +474,10 @@ def scan(dec: Decoder, support=None, *, tokens=None, witness_steps: int = 30, ba
                 iters = np.concatenate([out[i][1] for i in parts]).tolist()
             n_lp = int(need.size)
             extra["lp_iterations_mean"] = float(np.mean(iters)) if iters else 0.0
+        t_end = time.perf_counter()
     extra["executor"] = ex.name
+    extra["phase_seconds"] = {"prepare": t_prep - t_start, "put": t_put - t_prep,
+                              "witness": t_wit - t_put, "lp": t_end - t_wit}
     empty = np.isin(status, [_STATUS["lp_empty"], _STATUS["duplicate"]])
     n_und = int((status == _STATUS["undecided"]).sum())
     return UnargmaxableResult(

@@ -416,8 +416,9 @@ class Decoder:
         Returns
         -------
         UnargmaxableResult
-            ``extra`` holds ``n_distinct_rows``, ``executor`` and, when LPs ran,
-            ``lp_iterations_mean``.
+            ``extra`` holds ``n_distinct_rows``, ``executor``, ``phase_seconds`` (wall
+            seconds of the set-up, of shipping it, of the witness and of the LP phase) and,
+            when LPs ran, ``lp_iterations_mean``.
 
         Raises
         ------

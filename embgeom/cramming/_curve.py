@@ -241,11 +241,14 @@ class _LengthRunner:
         self.progress = progress
         self.executor = LocalExecutor() if executor is None else executor
         local = self.executor.name == "local"
-        # local: the model object itself, today's progress bars; elsewhere: shipped once, or
-        # loaded by name in each worker process
-        shared_model = model if (local or load is None) else None
-        self.shared = {"model": shared_model if local or shared_model is None
-                       else self.executor.put(shared_model)}
+        # local: the model object itself and today's progress bars; elsewhere: loaded by name
+        # once per worker process, or the object shipped once (ray.put)
+        if local:
+            self.shared = {"model": model}
+        elif load is not None:
+            self.shared = {"model": None}
+        else:
+            self.shared = {"model": self.executor.put(model)}
         self.kwargs = {
             "load": load, "device": None if local else device, "n_mem": store.n_mem,
             "seed": seed, "target_source": target_source, "start": start, "steps": steps,

@@ -300,9 +300,10 @@ def test_cell_volume_counts_are_identical_on_every_executor(executors):
     cases = [(Decoder(W), Ball.from_params(None, 1.0, dim=8)),  # cones: Gaussian directions
              (Decoder(W, rng.standard_normal(400).astype(np.float32)), Box.from_params(-np.ones(8), np.ones(8)))]
     for dec, support in cases:
-        serial = cell_volumes(dec, support, 30_000, seed=11, batch_size=30_000, progress=False).counts
-        for name, ex in executors.items():
-            got = cell_volumes(dec, support, 30_000, seed=11, batch_size=8192, executor=ex, progress=False)
+        n = 2 * 8192 + 1000  # three blocks, the last one short
+        serial = cell_volumes(dec, support, n, seed=11, batch_size=n, progress=False).counts  # one task
+        for name, ex in executors.items():  # three tasks of one block each
+            got = cell_volumes(dec, support, n, seed=11, batch_size=8192, executor=ex, progress=False)
             assert got.counts.dtype == np.int64 and np.array_equal(got.counts, serial), name
             assert got.extra["executor"] == ("local" if name == "local" else "ray")
 

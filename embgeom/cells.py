@@ -17,8 +17,6 @@ Sec. 4 (decoder cells); unargmaxable tokens: Grivas et al., ACL 2022; Demeter et
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -351,6 +349,8 @@ class Decoder:
         lp_time_limit: float = 300.0,
         tol: float = 1e-9,
         progress: bool = True,
+        executor="local",
+        chunk_size: int | None = None,
     ) -> "UnargmaxableResult":
         """The tokens whose cell is empty (never the greedy output), decided exactly.
 
@@ -407,11 +407,24 @@ class Decoder:
             feasibility tolerance is 1e-9; a cell whose depth is within ``tol`` is a boundary
             case and is reported empty).
         progress : bool, default True
-            tqdm progress bars.
+            tqdm progress bars (over chunks of tokens).
+        executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+            Where the witness and LP tasks run (:mod:`embgeom.parallel`). The set-up (distinct
+            rows, region, whitening; about ``|V| d^2`` flops) is computed once here and shipped
+            to the tasks once (``ray.put``). A name starts and afterwards closes its executor;
+            pass an instance to reuse one connection.
+        chunk_size : int, optional
+            Tokens per witness task (default 2048), rounded up to a multiple of ``batch_size``;
+            LP tasks take ``chunk_size // 32`` tokens (a multiple of 64). Chunks follow the
+            batches of the unchunked scan, so the verdicts and status codes do not depend on
+            ``chunk_size`` or the executor; it changes only the speed.
 
         Returns
         -------
         UnargmaxableResult
+            ``extra`` holds ``n_distinct_rows``, ``executor``, ``phase_seconds`` (wall
+            seconds of the set-up, of shipping it, of the witness and of the LP phase) and,
+            when LPs ran, ``lp_iterations_mean``.
 
         Raises
         ------
@@ -426,9 +439,12 @@ class Decoder:
             max_lp = check_positive_int(max_lp, "max_lp", minimum=0)
         lp_time_limit = check_positive(lp_time_limit, "lp_time_limit")
         tol = check_positive(tol, "tol", allow_zero=True)
-        return _scan_unargmaxable(
+        from ._unargmaxable import scan
+
+        return scan(
             self, support, tokens=tokens, witness_steps=witness_steps, batch_size=batch_size,
             max_lp=max_lp, lp_time_limit=lp_time_limit, tol=tol, progress=progress,
+            executor=executor, chunk_size=chunk_size,
         )
 
     def chebyshev_center(self, t, support=None, *, radius: float = 1.0, max_iter: int = 200):
@@ -587,241 +603,6 @@ def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, r
         f"(bias None) a support star-shaped about an interior origin (origin-centred ball or "
         f"ellipsoid, RMSNorm final-norm shell without bias); got {label}"
         + (" with a bias" if b64 is not None else "")
-    )
-
-
-def _unique_rows(W32: np.ndarray, b32: np.ndarray | None):
-    """Ids of the first occurrence of each distinct row ``(w_t, b_t)`` (sorted) and, per token, its representative."""
-    key = W32 + np.float32(0.0)  # -0.0 -> +0.0
-    if b32 is not None:
-        key = np.hstack([key, (b32 + np.float32(0.0))[:, None]])
-    key = np.ascontiguousarray(key)
-    void = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
-    _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
-    rep = first[inverse.ravel()].astype(np.int64)
-    return np.sort(first).astype(np.int64), rep
-
-
-def _witness_pass(dec_u: Decoder, Y: np.ndarray, ts: np.ndarray, region: _Region, bias_max: float, row_max: float):
-    """Check candidate points (region coordinates) for a batch; returns (ok, best_idx, second_idx)."""
-    H = Y if region.R is None else Y @ region.R
-    H32 = H.astype(np.float32)
-    b1, i1, b2, i2 = dec_u.top2(H32)
-    hn = np.linalg.norm(H32.astype(np.float64), axis=1)
-    err = _gamma(dec_u.dim + 2, _UNIT_ROUNDOFF32) * (row_max * hn + bias_max) * 1.01 + 1e-30
-    ok = (i1 == ts) & ((b1.astype(np.float64) - b2.astype(np.float64)) > 2.0 * err)
-    if not region.directions:  # points in a box region: they must lie inside it
-        lb, ub = region.lb, region.ub
-        Yc = H32.astype(np.float64) if region.R is None else H32.astype(np.float64) @ region.R.T
-        ok &= np.all((Yc >= lb) & (Yc <= ub), axis=1)
-    return ok, i1, i2
-
-
-def _box_points(D: np.ndarray, region: _Region, corner: bool) -> np.ndarray:
-    """Points inside the box along directions ``D`` from its centre (0.999 of the way to the wall)."""
-    centre = 0.5 * (region.lb + region.ub)
-    half = 0.5 * (region.ub - region.lb)
-    if corner:
-        return centre + 0.999 * half * np.sign(D)
-    scale = np.max(np.abs(D) / np.maximum(half, 1e-300), axis=1, keepdims=True)
-    scale[scale == 0] = 1.0
-    return centre + 0.999 * D / scale
-
-
-def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: float, k_add: int):
-    """Cutting-plane LP for token ``t`` (an index into ``region.Wr``). Returns (status, y, n_iter)."""
-    from scipy.optimize import linprog
-
-    Wr, c = region.Wr, region.c
-    V, d = Wr.shape
-    wt = Wr[t]
-    ct = 0.0 if c is None else c[t]
-    S = np.unique(S0[(S0 >= 0) & (S0 != t)])
-    homog = region.homog
-    n = d + (1 if homog else 0) + 1
-    bounds = [(float(lo), float(hi)) for lo, hi in zip(region.lb, region.ub)]
-    if homog:
-        bounds.append((0.0, 1.0))
-    bounds.append((None, None))
-    cost = np.zeros(n)
-    cost[-1] = -1.0
-    t0 = time.perf_counter()
-    gam = _gamma(d + 2, 2.0**-53)
-    row_max = float(np.max(np.linalg.norm(Wr, axis=1)))
-    bias_max = 0.0 if c is None else float(np.max(np.abs(c)))
-    for it in range(1, 10_000):
-        A = np.empty((S.size, n))
-        A[:, :d] = Wr[S] - wt
-        if homog:
-            A[:, d] = c[S] - ct
-            rhs = np.zeros(S.size)
-        else:
-            rhs = np.zeros(S.size) if c is None else ct - c[S]
-        A[:, -1] = 1.0
-        left = time_limit - (time.perf_counter() - t0)
-        if left <= 0:
-            return "undecided", None, it
-        res = linprog(cost, A_ub=A, b_ub=rhs, bounds=bounds, method="highs", options={"time_limit": left})
-        if res.status != 0:
-            return "undecided", None, it
-        s_opt = -res.fun
-        if s_opt <= tol:
-            return "lp_empty", None, it
-        x = res.x
-        y = x[:d]
-        tau = x[d] if homog else 1.0
-        m = Wr @ (-y) + wt @ y  # (w_t - w_s) . y for all s
-        if c is not None:
-            m += tau * (ct - c)
-        m[t] = np.inf
-        err = 4.0 * gam * (row_max * float(np.linalg.norm(y)) + bias_max) + 1e-300
-        if m.min() > err:
-            return "lp_witness", y, it
-        # add the most violated constraints not yet present
-        order = np.argsort(m)[: k_add + S.size]
-        new = np.setdiff1d(order[m[order] <= max(s_opt, err)], S, assume_unique=False)[:k_add]
-        if new.size == 0:
-            return "undecided", y, it
-        S = np.union1d(S, new)
-    return "undecided", None, it
-
-
-def _scan_unargmaxable(dec: Decoder, support, *, tokens, witness_steps, batch_size, max_lp, lp_time_limit, tol, progress):
-    from tqdm.auto import tqdm
-
-    t_start = time.perf_counter()
-    V, d = dec.n_tokens, dec.dim
-    status = np.full(V, STATUS_NAMES.index("skipped"), dtype=np.int8)
-    if tokens is None:
-        want = np.arange(V, dtype=np.int64)
-    else:
-        want = np.asarray(tokens)
-        if want.dtype.kind not in "iu" or want.ndim != 1:
-            raise TypeError("tokens: expected a 1-d array of integer token ids")
-        want = np.unique(want.astype(np.int64))
-        if want.size and (want[0] < 0 or want[-1] >= V):
-            raise ValueError(f"tokens: ids must lie in [0, {V}), got {want[0]}..{want[-1]}")
-    uniq, rep = _unique_rows(dec.W_, dec.bias_)
-    W64 = dec.W_[uniq].astype(np.float64)
-    b64 = None if dec.bias_ is None else dec.bias_[uniq].astype(np.float64)
-    region = _region(dec, support, W64, b64)
-    dup = want[rep[want] != want]
-    status[dup] = STATUS_NAMES.index("duplicate")
-    todo_ids = want[rep[want] == want]
-    pos = np.searchsorted(uniq, todo_ids)  # index into the unique rows
-    n_u = uniq.size
-    extra = {"n_distinct_rows": int(n_u)}
-    if n_u == 1:
-        status[todo_ids] = STATUS_NAMES.index("witness")
-        pos = pos[:0]
-    # the fast float32 decoder over the distinct rows (bias ignored when witnesses are directions)
-    dec_u = Decoder(dec.W_[uniq], None if region.directions or dec.bias_ is None else dec.bias_[uniq],
-                    point_block=dec.point_block, vocab_block=dec.vocab_block)
-    row_max = float(np.max(np.linalg.norm(W64, axis=1)))
-    bias_max = 0.0 if (region.directions or b64 is None) else float(np.max(np.abs(b64)))
-    Wr = region.Wr
-    mu = Wr.mean(axis=0)
-    cov = np.cov(Wr.T) if n_u > 1 else np.eye(d)
-    cov = np.atleast_2d(cov)
-    ridge = 1e-6 * max(float(np.trace(cov)) / d, 1e-30)
-    Cinv = np.linalg.inv(cov + ridge * np.eye(d))
-
-    won = np.zeros(pos.size, dtype=bool)
-    last = np.zeros((pos.size, d))
-    bar = tqdm(total=int(pos.size), desc="unargmaxable: witnesses", unit="tok", disable=not progress)
-    for s0 in range(0, pos.size, batch_size):
-        idx = pos[s0 : s0 + batch_size]
-        D0 = (Wr[idx] - mu) @ Cinv
-        cands = [D0, Wr[idx] - mu, Wr[idx]]
-        ok_b = np.zeros(idx.size, dtype=bool)
-        cur = D0.copy()
-        comp = None
-        for D in cands:
-            sub = np.flatnonzero(~ok_b)
-            if sub.size == 0:
-                break
-            if region.directions:
-                Ys = [D[sub]]
-            else:
-                Ys = [_box_points(D[sub], region, corner=False), _box_points(D[sub], region, corner=True)]
-            for k, Y in enumerate(Ys):
-                live = ~ok_b[sub]
-                if not live.any():
-                    break
-                ok, i1, i2 = _witness_pass(dec_u, Y[live], idx[sub[live]], region, bias_max, row_max)
-                ok_b[sub[live][ok]] = True
-                if comp is None:  # first pass: every token of the batch, at the whitened point
-                    comp = np.where(i1 == idx, i2, i1)
-        # margin ascent from the whitened direction for the stragglers
-        rest = np.flatnonzero(~ok_b)
-        if rest.size and witness_steps and comp is not None:
-            if region.directions:
-                h = cur[rest] / np.maximum(np.linalg.norm(cur[rest], axis=1, keepdims=True), 1e-300)
-            else:
-                h = _box_points(cur[rest], region, corner=False)
-            cpt = comp[rest]
-            alive = np.ones(rest.size, dtype=bool)
-            for step in range(witness_steps):
-                cand = np.flatnonzero(alive)
-                if cand.size == 0:
-                    break
-                g = Wr[idx[rest[cand]]] - Wr[np.maximum(cpt[cand], 0)]
-                g /= np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
-                eta = 0.3 / math.sqrt(step + 1)
-                if region.directions:
-                    hn = h[cand] + eta * g
-                    hn /= np.maximum(np.linalg.norm(hn, axis=1, keepdims=True), 1e-300)
-                else:
-                    centre = 0.5 * (region.lb + region.ub)
-                    half = 0.5 * (region.ub - region.lb)
-                    hn = centre + np.clip(h[cand] - centre + eta * half * g / np.maximum(np.abs(g).max(axis=1, keepdims=True), 1e-300),
-                                          -0.999 * half, 0.999 * half)
-                h[cand] = hn
-                ok, i1, i2 = _witness_pass(dec_u, hn, idx[rest[cand]], region, bias_max, row_max)
-                alive[cand[ok]] = False
-                ok_b[rest[cand[ok]]] = True
-                cpt[cand] = np.where(i1 == idx[rest[cand]], i2, i1)
-            last[s0 + rest] = h
-        won[s0 : s0 + idx.size] = ok_b
-        still = np.flatnonzero(~ok_b)
-        if still.size and not (rest.size and witness_steps):
-            last[s0 + still] = D0[still]
-        bar.update(idx.size)
-    bar.close()
-    status[uniq[pos[won]]] = STATUS_NAMES.index("witness")
-
-    # linear programs for the tokens without a witness
-    need = np.flatnonzero(~won)
-    n_lp = 0
-    if need.size:
-        if max_lp is not None and need.size > max_lp:
-            status[uniq[pos[need[max_lp:]]]] = STATUS_NAMES.index("undecided")
-            need = need[:max_lp]
-        k0 = min(n_u - 1, max(d // 2, 64))
-        k_add = min(n_u - 1, 64)
-        bar = tqdm(total=int(need.size), desc="unargmaxable: LPs", unit="tok", disable=not progress)
-        iters = []
-        for s0 in range(0, need.size, 64):
-            chunk = need[s0 : s0 + 64]
-            Y = last[chunk]
-            scores = Y @ Wr.T
-            if region.c is not None and not region.directions:
-                scores += region.c
-            S0s = _kernels.topk_competitors(np.ascontiguousarray(scores), pos[chunk].astype(np.int64), int(k0))
-            for j, q in enumerate(chunk):
-                t_u = int(pos[q])
-                st, _, it = _lp_token(region, t_u, S0s[j], tol, lp_time_limit, k_add)
-                iters.append(it)
-                status[uniq[t_u]] = STATUS_NAMES.index(st)
-                n_lp += 1
-                bar.update(1)
-        bar.close()
-        extra["lp_iterations_mean"] = float(np.mean(iters)) if iters else 0.0
-    empty = np.isin(status, [STATUS_NAMES.index("lp_empty"), STATUS_NAMES.index("duplicate")])
-    n_und = int((status == STATUS_NAMES.index("undecided")).sum())
-    return UnargmaxableResult(
-        tokens=np.flatnonzero(empty).astype(np.int64), status=status, n_lp=n_lp, n_undecided=n_und,
-        seconds=time.perf_counter() - t_start, support=region.name, extra=extra,
     )
 
 

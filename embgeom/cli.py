@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from .parallel import add_executor_arguments, executor_from_args
+
 __all__ = ["main", "build_parser"]
 
 
@@ -95,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--cache-dir", default=None,
                      help="folder for the .npy cache of hidden states (default: none)")
     rep.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_executor_arguments(rep)
 
     cram = sub.add_parser(
         "cram",
@@ -121,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     cram.add_argument("--start-token", type=_start_token, default="auto",
                       help="token placed before the memory vectors: auto (the tokenizer's BOS), "
                       "none, or a token id")
+    add_executor_arguments(cram)
 
     cp = sub.add_parser(
         "copy",
@@ -152,6 +156,7 @@ def _cmd_report(args) -> dict:
         seed=args.seed,
         cache_dir=args.cache_dir,
         progress=not args.no_progress,
+        executor=executor_from_args(args),
     )
 
 
@@ -174,6 +179,7 @@ def _cmd_cram(args) -> dict:
         adaptive=args.lengths is None or args.adaptive,
         device=args.device,
         start_token=args.start_token,
+        executor=executor_from_args(args, device=args.device),
     )
 
 

@@ -144,6 +144,7 @@ def build_report(
     seed: int = 0,
     cache_dir=None,
     progress: bool = True,
+    executor="local",
 ) -> dict:
     """Run the whole accessibility report on one model and write it to ``out_dir``.
 
@@ -170,6 +171,9 @@ def build_report(
         Folder for the ``.npy`` cache of hidden states.
     progress : bool, default True
         Show tqdm progress bars.
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the cell-volume chunks and the unargmaxable scan run (:mod:`embgeom.parallel`);
+        the same numbers on every executor.
 
     Returns
     -------
@@ -203,7 +207,11 @@ def build_report(
         sup_section, fitted, valid = _supports_phase(loaded, H, u, geo, size, seed, cache_dir,
                                                      progress, out)
     with _timed(timings, "cells"):
-        cells_section, cell_result = _cells_phase(loaded, u, fitted, size, seed, out, progress)
+        from .parallel import executor_scope
+
+        with executor_scope(executor) as ex:  # one connection for both workloads
+            cells_section, cell_result = _cells_phase(loaded, u, fitted, size, seed, out, progress,
+                                                      executor=ex)
     with _timed(timings, "bounds"):
         bounds_section = _bounds_phase(loaded, u, model_facts, fitted, valid, geo, sup_section,
                                        cell_result, size, out)
@@ -314,7 +322,8 @@ def _supports_phase(loaded, H, u, geo: dict, size: dict, seed: int, cache_dir, p
     return sup_section, fitted, valid
 
 
-def _cells_phase(loaded, u, fitted: dict, size: dict, seed: int, out: Path, progress: bool):
+def _cells_phase(loaded, u, fitted: dict, size: dict, seed: int, out: Path, progress: bool,
+                 executor="local"):
     """4. decoder cells: ``(section, CellVolumes)``.
 
     With no bias every cell is a cone, so its share of an origin-centred ball is its
@@ -327,6 +336,7 @@ def _cells_phase(loaded, u, fitted: dict, size: dict, seed: int, out: Path, prog
     cells_section, cell_result = volumes.cells_report_section(
         decoder, cell_support, size["cell_samples"], seed, out, tokenizer=loaded.tokenizer,
         unargmaxable=size["unargmaxable"], progress=progress, return_volumes=True,
+        executor=executor,
     )
     cells_section["support"] = "ball_origin" if "ball_origin" in fitted else "ball"
     cells_section["fractions_path"] = Path(cells_section["fractions_path"]).name

@@ -25,8 +25,9 @@ import numpy as np
 
 from . import _kernels
 from ._rare_event import ConeMeasure, log_cone_gaussian_measure
-from ._validation import check_positive_int, check_probability
+from ._validation import check_positive_int, check_probability, seed_sequence
 from .cells import Decoder
+from .parallel import executor_scope
 
 __all__ = [
     "CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval", "cells_report_section",
@@ -371,6 +372,29 @@ def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
     return True, np.ascontiguousarray(G.T, dtype=np.float32)
 
 
+#: Points per random block of :func:`cell_volumes`: block ``i`` draws its points from
+#: ``task_seed(root, i)`` (child ``i`` of ``root.spawn``), whatever ``batch_size`` and the
+#: executor, so those change the speed and never the counts. 8192, the earlier default
+#: ``batch_size``, keeps the counts of a default run as they were.
+SAMPLE_BLOCK = 8192
+
+
+def _count_blocks(blocks: tuple, *, decoder: Decoder, support, directions: bool, root,
+                  G32: np.ndarray | None = None) -> np.ndarray:
+    """One task of :func:`cell_volumes`: hits per token of the random blocks ``blocks``.
+
+    ``blocks`` is a tuple of ``(i, m)``: block ``i`` of ``m`` points drawn from
+    ``task_seed(root, i)``. Returns int64 (n_tokens,) summing to the points of all blocks.
+    """
+    from .parallel import task_seed
+
+    counts = np.zeros(decoder.n_tokens, dtype=np.int64)
+    for i, m in blocks:
+        counts += _count_chunk(m, decoder=decoder, support=support, directions=directions,
+                               seed=task_seed(root, i), G32=G32)
+    return counts
+
+
 def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
                  G32: np.ndarray | None = None) -> np.ndarray:
     """Hits per token of one chunk of ``m`` points drawn from ``seed`` (a SeedSequence).
@@ -441,13 +465,16 @@ def cell_volumes(
     tokens="auto",
     n_chains: int = 128,
     rare_event_options: dict | None = None,
+    executor="local",
 ) -> CellVolumes:
     """Monte Carlo volume fraction of every decoder cell inside a support.
 
-    Points are drawn uniformly in ``support`` in chunks of ``batch_size`` (never all at once),
-    assigned with :meth:`Decoder.assign` (blocked product + numba running argmax) and counted with
-    a numba kernel. Chunk ``i`` draws from child ``i`` of ``numpy.random.SeedSequence(seed)``,
-    so the result depends on ``seed`` and ``batch_size`` only, not on timing or threads.
+    Points are drawn uniformly in ``support`` in blocks of :data:`SAMPLE_BLOCK` = 8192 (never
+    all at once), assigned with :meth:`Decoder.assign` (blocked product + numba running argmax)
+    and counted with a numba kernel. Block ``i`` draws from child ``i`` of the root
+    ``SeedSequence`` of ``seed`` (:func:`embgeom.parallel.task_seed`; the caller's
+    SeedSequence is not advanced), so the counts depend on ``seed`` and ``n_samples`` only:
+    not on ``batch_size``, the executor, the number of workers, timing or threads.
 
     When the decoder has no bias and the support is an origin-centred ellipsoid ``G B``
     (``support.origin_ellipsoid_map()`` returns ``G``: an origin-centred ball or ellipsoid, the
@@ -466,13 +493,17 @@ def cell_volumes(
         :mod:`embgeom.supports`.
     n_samples : int
         Number of points (>= 1).
-    seed : None, int, or numpy.random.SeedSequence
+    seed : None, int, array_like of int, SeedSequence, BitGenerator or Generator
+        Anything ``numpy.random.default_rng`` takes (:func:`embgeom._validation.seed_sequence`;
+        a Generator is advanced by one ``spawn``, as a draw would advance it). ``None``: fresh
+        OS entropy.
     batch_size : int, default 8192
-        Points drawn per chunk.
+        Points per task, rounded to whole blocks of :data:`SAMPLE_BLOCK` (at least one): the
+        grouping of the blocks into tasks, which changes the speed, not the counts.
     confidence : float, default 0.95
     interval : {"clopper-pearson", "wilson"}
     progress : bool, default True
-        tqdm progress bar (points).
+        tqdm progress bar (tasks).
     method : {"auto", "uniform", "rare-event"}, default "auto"
         ``"uniform"``: the counts above only. ``"rare-event"``: also each token's log-share by
         multilevel splitting (:func:`embgeom._rare_event.log_cone_gaussian_measure`), which
@@ -490,6 +521,9 @@ def cell_volumes(
         for lambda and the histogram over a token sample).
     rare_event_options : dict, optional
         More keywords for :func:`embgeom._rare_event.log_cone_gaussian_measure`.
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the tasks run (:mod:`embgeom.parallel`); the decoder and the support are shipped
+        once (``ray.put``). A name starts and afterwards closes its executor.
 
     Returns
     -------
@@ -507,8 +541,6 @@ def cell_volumes(
         samples of the wrong shape or not finite, an unknown ``method``, ``method="rare-event"``
         with a bias or a support whose cells are not cones through its centre, bad ``tokens``.
     """
-    from tqdm.auto import tqdm
-
     if not isinstance(decoder, Decoder):
         raise TypeError(f"decoder: expected an embgeom.cells.Decoder, got {type(decoder).__name__}")
     n_samples = check_positive_int(n_samples, "n_samples")
@@ -534,36 +566,33 @@ def cell_volumes(
         if method == "rare-event":
             raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
                              f"centre, but {why_not}; use method='uniform' or 'auto'")
-    if isinstance(seed, np.random.SeedSequence):
-        root = seed
-    elif seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
-        root = np.random.SeedSequence(seed)
-    else:
-        raise TypeError(f"seed: expected None, an int or a SeedSequence, got {type(seed).__name__}")
+    root = seed_sequence(seed)
     try:
         log_vol = float(support.log_volume)
     except (AttributeError, RuntimeError):
         log_vol = float("nan")
     directions, G32 = _direction_map(decoder, support)
     t0 = time.perf_counter()
-    n_chunks = -(-n_samples // batch_size)
-    children = root.spawn(n_chunks)
+    blocks = [(i, min(SAMPLE_BLOCK, n_samples - s)) for i, s in enumerate(range(0, n_samples, SAMPLE_BLOCK))]
+    per_task = max(1, round(batch_size / SAMPLE_BLOCK))
+    tasks = {k: (tuple(blocks[j : j + per_task]),) for k, j in enumerate(range(0, len(blocks), per_task))}
+    with executor_scope(executor) as ex:
+        out = ex.map_keyed(_count_blocks, tasks, shared={"decoder": decoder, "support": support},
+                           kwargs={"directions": directions, "G32": G32, "root": root},
+                           progress=progress, desc="cell volumes")
     counts = np.zeros(decoder.n_tokens, dtype=np.int64)
-    bar = tqdm(total=n_samples, desc="cell volumes", unit="pt", disable=not progress)
-    for i, child in enumerate(children):
-        m = min(batch_size, n_samples - i * batch_size)
-        counts += _count_chunk(m, decoder=decoder, support=support, directions=directions,
-                               seed=child, G32=G32)
-        bar.update(m)
-    bar.close()
+    for c in out.values():  # integer sums: exact in any order
+        counts += c
     lower, upper = binomial_interval(counts, n_samples, confidence, interval)
-    extra = {"batch_size": batch_size, "method": "uniform" if method == "uniform" or why_not else "rare-event"}
+    extra = {"batch_size": batch_size, "sample_block": SAMPLE_BLOCK, "executor": ex.name,
+             "method": "uniform" if method == "uniform" or why_not else "rare-event"}
     logs = {}
     if method != "uniform" and why_not is None:
         logs, extra["rare_event"] = _rare_event_logs(
             decoder, G, _token_sample(tokens, decoder.n_tokens, root), counts, n_samples, lower,
             upper, int(root.entropy) if isinstance(root.entropy, (int, np.integer)) else 0,
-            n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress)
+            n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress,
+            executor=executor)
     elif why_not is not None:
         extra["rare_event"] = f"not applicable: {why_not}; uniform sampling only"
     return CellVolumes(
@@ -583,15 +612,46 @@ def cell_volumes(
     )
 
 
+#: Tokens per rare-event task (each token has its own seed, so the chunking changes no result).
+RARE_EVENT_CHUNK = 64
+
+
+def _rare_event_chunk(ids, *, W, G, seed, n_chains, confidence, opts):
+    """One rare-event task: :func:`log_cone_gaussian_measure` on a chunk of token ids."""
+    return log_cone_gaussian_measure(W, np.asarray(ids, dtype=np.int64), G, n_chains=n_chains,
+                                     confidence=confidence, seed=seed, progress=False, **opts)
+
+
+def _concat_measures(parts: list) -> ConeMeasure:
+    """Join per-chunk :class:`ConeMeasure` results (token order kept)."""
+    first = parts[0]
+    arrays = {f: np.concatenate([getattr(p, f) for p in parts])
+              for f in ("token_ids", "log_share", "log_lower", "log_upper", "std_err", "side",
+                        "n_levels", "n_constraints_used", "n_full_checks", "log_check_fraction",
+                        "seconds")}
+    return ConeMeasure(**arrays, confidence=first.confidence, params=first.params)
+
+
 def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, n_chains,
-                     confidence, options, progress):
-    """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens."""
+                     confidence, options, progress, executor="local"):
+    """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens.
+
+    Token chunks of :data:`RARE_EVENT_CHUNK` run as keyed tasks on ``executor`` (``W`` and
+    ``G`` shipped once); every token draws from its own seed, so the figures are the same for
+    every executor and chunking.
+    """
     opts = dict(options or {})
     for key in ("seed", "confidence", "n_chains", "G", "token_ids", "progress"):
         if key in opts:
             raise ValueError(f"rare_event_options: {key!r} is set by cell_volumes itself")
-    r = log_cone_gaussian_measure(decoder.W_, ids, G, n_chains=n_chains, confidence=confidence,
-                                  seed=seed, progress=progress, **opts)
+    tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)
+             for k, j in enumerate(range(0, ids.size, RARE_EVENT_CHUNK))}
+    with executor_scope(executor) as ex:
+        out = ex.map_keyed(_rare_event_chunk, tasks, shared={"W": decoder.W_, "G": G},
+                           kwargs={"seed": seed, "n_chains": n_chains, "confidence": confidence,
+                                   "opts": opts},
+                           progress=progress, desc="rare-event cells")
+    r = _concat_measures([out[k] for k in tasks])
     V = decoder.n_tokens
     log_f, log_lo, log_hi = (np.full(V, np.nan) for _ in range(3))
     method = np.full(V, "not estimated", dtype="<U13")
@@ -618,6 +678,7 @@ def cells_report_section(
     return_volumes: bool = False,
     method: str = "uniform",
     tokens="auto",
+    executor="local",
 ):
     """The cells section of the report: cell volumes, the largest cells, unargmaxable tokens.
 
@@ -651,6 +712,8 @@ def cells_report_section(
         Passed to :func:`cell_volumes`. The default here stays ``"uniform"`` until the bounds
         section's lambda reads ``log_fractions`` (the rare-event pass costs about 30 minutes
         for a 1,000-token sample of SmolLM2 on 2 cores).
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the cell-volume chunks and the unargmaxable scan run (same results on each).
 
     Returns
     -------
@@ -669,14 +732,16 @@ def cells_report_section(
     if unargmaxable not in ("full", "off"):
         raise ValueError(f"unargmaxable: expected 'full' or 'off', got {unargmaxable!r}")
     os.makedirs(out_dir, exist_ok=True)
-    cv = cell_volumes(decoder, support, n_samples, seed=seed, progress=progress, method=method, tokens=tokens)
+    cv = cell_volumes(decoder, support, n_samples, seed=seed, progress=progress, method=method,
+                      tokens=tokens, executor=executor)
     fpath = os.path.join(os.fspath(out_dir), "cell_fractions.npy")
     np.save(fpath, cv.fractions)
     hpath = os.path.join(os.fspath(out_dir), "cell_volumes.png")
     cv.histogram(path=hpath)
     un = None
     if unargmaxable == "full":
-        res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress)
+        res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress,
+                                   executor=executor)
         un = res.to_dict()
         if tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens") and res.tokens.size:
             un["tokens"] = [str(s) for s in tokenizer.convert_ids_to_tokens([int(i) for i in res.tokens[:200]])]

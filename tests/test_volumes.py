@@ -12,7 +12,7 @@ from scipy.special import gammaln
 
 from embgeom.cells import Decoder
 from embgeom.supports import Ball, Box
-from embgeom.volumes import binomial_interval, cell_volumes, cells_report_section
+from embgeom.volumes import SAMPLE_BLOCK, binomial_interval, cell_volumes, cells_report_section
 
 
 class TinyBall:
@@ -94,13 +94,32 @@ def test_seeding_chunks_and_log_volumes():
     b = rng.standard_normal(30).astype(np.float32)
     dec = Decoder(W, b)
     box = Box.from_params(-np.ones(4), 2 * np.ones(4))
-    a = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
-    c = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
-    np.testing.assert_array_equal(a.counts, c.counts)
-    # the chunks are the support's own draws from SeedSequence children: recount by hand
-    children = np.random.SeedSequence(7).spawn(5)
-    X = np.vstack([box.sample(1000, seed=np.random.default_rng(ch)) for ch in children])
+    n = 20_000
+    a = cell_volumes(dec, box, n, seed=7, batch_size=1000, progress=False)
+    # issue 12 kind 7: the stream depends on the seed only; batch_size changes the speed
+    for bs in (8192, 20_000, 3):
+        c = cell_volumes(dec, box, n, seed=7, batch_size=bs, progress=False)
+        np.testing.assert_array_equal(a.counts, c.counts)
+    # blocks of SAMPLE_BLOCK points, block i the support's own draws from SeedSequence child i:
+    # recount by hand
+    sizes = [SAMPLE_BLOCK, SAMPLE_BLOCK, n - 2 * SAMPLE_BLOCK]
+    children = np.random.SeedSequence(7).spawn(3)
+    X = np.vstack([box.sample(m, seed=np.random.default_rng(ch)) for m, ch in zip(sizes, children)])
     np.testing.assert_array_equal(a.counts, np.bincount(dec.assign(X), minlength=30))
+    # any seed default_rng takes; the caller's SeedSequence is not advanced
+    ss = np.random.SeedSequence(7)
+    np.testing.assert_array_equal(cell_volumes(dec, box, n, seed=ss, progress=False).counts, a.counts)
+    assert ss.n_children_spawned == 0
+    arr = cell_volumes(dec, box, 3000, seed=[7, 1], progress=False).counts
+    want = np.bincount(dec.assign(box.sample(3000, seed=np.random.default_rng(np.random.SeedSequence([7, 1]).spawn(1)[0]))),
+                       minlength=30)
+    np.testing.assert_array_equal(arr, want)
+    g = np.random.default_rng(5)
+    g1 = cell_volumes(dec, box, 3000, seed=g, progress=False).counts
+    g2 = cell_volumes(dec, box, 3000, seed=g, progress=False).counts  # the Generator moved on
+    assert g1.sum() == g2.sum() == 3000 and not np.array_equal(g1, g2)
+    with pytest.raises(TypeError, match="seed"):
+        cell_volumes(dec, box, 10, seed=1.5, progress=False)
     lv = a.log_volumes
     hit = a.counts > 0
     np.testing.assert_allclose(lv[hit], np.log(a.fractions[hit]) + box.log_volume)

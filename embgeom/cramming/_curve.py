@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -188,44 +189,109 @@ class _ResumeStore:
 # --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=2)
+def _worker_model(load: str, device):
+    """The model a worker process loads by name or path, once per process
+    (:func:`embgeom.adapters.load_model` with its defaults, as ``run_cram`` loads it)."""
+    from embgeom.adapters import load_model
+
+    model = load_model(load, progress=False)
+    if device is not None:
+        unwrap(model)[0].to(device)
+    return model
+
+
+def _cram_task(n: int, idx: tuple, *, model, load, device, n_mem, seed, target_source, start,
+               steps, lr, check_generation, progress, cram_kwargs):
+    """One task of a curve: cram targets ``idx`` (target indices) at length ``n``.
+
+    Module-level so that Ray ships it by reference. ``model`` is the model itself (local, or
+    a copy from the object store), or None with ``load`` naming what each worker process
+    loads once (:func:`_worker_model`). Targets and initial memory vectors come from the keyed
+    seeds ``[seed, 0, j, chunk]`` and ``[seed, 1, n_mem, n, j]`` of target ``j``: the same
+    numbers in any process and any order. Returns the :class:`CramResult` of the batch.
+    """
+    if model is None:
+        model = _worker_model(load, device)
+    T = np.concatenate([
+        sample_targets(model, n, 1, target_source=target_source, seed=seed, start=j)
+        for j in idx
+    ])
+    kw = dict(cram_kwargs)
+    if device is not None:
+        kw["device"] = device
+    return cram(
+        model, T, n_mem, steps=steps, lr=lr, seed=[[seed, _TAG_INIT, n_mem, n, j] for j in idx],
+        start_token=start, check_generation=check_generation, progress=progress, **kw,
+    )
+
+
 class _LengthRunner:
-    """Runs one length at a time: crams the targets the store lacks, in batches, and keeps the
-    counts of every length run (``results``)."""
+    """Runs lengths: crams the targets the store lacks, one task per batch of targets (keyed
+    ``(n_mem, length, first target index)``) on an executor, records results in task order,
+    and keeps the counts of every length run (``results``)."""
 
     def __init__(self, model, store: _ResumeStore, *, n_targets, batch_size, target_source,
-                 seed, start, steps, lr, check_generation, progress, cram_kwargs, bar=None):
+                 seed, start, steps, lr, check_generation, progress, cram_kwargs, bar=None,
+                 executor=None, load=None, device=None):
+        from embgeom.parallel import LocalExecutor
+
         self.model, self.store, self.bar = model, store, bar
         self.n_targets, self.batch_size = n_targets, batch_size
-        self.target_source, self.seed, self.start = target_source, seed, start
-        self.steps, self.lr, self.check_generation = steps, lr, check_generation
-        self.progress, self.cram_kwargs = progress, cram_kwargs
+        self.progress = progress
+        self.executor = LocalExecutor() if executor is None else executor
+        local = self.executor.name == "local"
+        # local: the model object itself and today's progress bars; elsewhere: loaded by name
+        # once per worker process, or the object shipped once (ray.put)
+        if local:
+            self.shared = {"model": model}
+        elif load is not None:
+            self.shared = {"model": None}
+        else:
+            self.shared = {"model": self.executor.put(model)}
+        self.kwargs = {
+            "load": load, "device": None if local else device, "n_mem": store.n_mem,
+            "seed": seed, "target_source": target_source, "start": start, "steps": steps,
+            "lr": lr, "check_generation": check_generation, "progress": progress and local,
+            "cram_kwargs": cram_kwargs,
+        }
         self.results: dict[int, tuple[int, int, int]] = {}
 
-    def _cram_batch(self, n: int, idx: list[int]) -> None:
-        T = np.concatenate([
-            sample_targets(self.model, n, 1, target_source=self.target_source, seed=self.seed,
-                           start=j)
-            for j in idx
-        ])
-        n_mem = self.store.n_mem
-        res = cram(
-            self.model, T, n_mem, steps=self.steps, lr=self.lr,
-            seed=[[self.seed, _TAG_INIT, n_mem, n, j] for j in idx], start_token=self.start,
-            check_generation=self.check_generation, progress=self.progress, **self.cram_kwargs,
-        )
-        self.store.add(n, idx, res)
+    def _tasks(self, lengths) -> dict:
+        tasks = {}
+        for n in lengths:
+            missing = self.store.missing(n, self.n_targets)
+            for s in range(0, len(missing), self.batch_size):
+                idx = tuple(missing[s : s + self.batch_size])
+                tasks[(self.store.n_mem, n, idx[0])] = (n, idx)
+        return tasks
 
-    def run(self, n: int) -> float:
-        """Accessibility at length ``n`` (cramming only the targets not yet recorded)."""
-        missing = self.store.missing(n, self.n_targets)
-        for s in range(0, len(missing), self.batch_size):
-            self._cram_batch(n, missing[s : s + self.batch_size])
+    def run_all(self, lengths) -> None:
+        """Every length of ``lengths``: one map over all their batches (records in task order:
+        length by length, batch by batch, as a serial run writes them)."""
+        tasks = self._tasks(lengths)
+        if tasks:
+            self.executor.map_keyed(
+                _cram_task, tasks, shared=self.shared, kwargs=self.kwargs,
+                on_result=lambda key, res: self.store.add(tasks[key][0], list(tasks[key][1]), res),
+                progress=self.progress and self.executor.name != "local",
+                desc=f"cram m={self.store.n_mem}",
+            )
+        for n in lengths:
+            self._count(n)
+
+    def _count(self, n: int) -> float:
         k, kg, N = self.store.counts(n, self.n_targets)
         self.results[n] = (k, kg, N)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(length=n, accessibility=f"{k / N:.2f}")
         return k / N
+
+    def run(self, n: int) -> float:
+        """Accessibility at length ``n`` (cramming only the targets not yet recorded)."""
+        self.run_all([n])
+        return self.results[n][0] / self.results[n][2]
 
 
 def _adaptive_search(grid: list[int], run) -> None:
@@ -273,6 +339,8 @@ def accessibility_curve(
     device=None,
     check_generation: bool = True,
     progress: bool = True,
+    executor="local",
+    load_on_workers: str | None = None,
     **cram_kwargs,
 ) -> AccessibilityCurve:
     """Accessibility (fraction of crammable targets) vs target length, for m = ``n_mem``.
@@ -312,7 +380,22 @@ def accessibility_curve(
         Move the model to this device first.
     check_generation : bool, default True
     progress : bool, default True
-        tqdm bars: one over lengths, and one over the Adam steps of each batch of targets.
+        tqdm bars: one over lengths, and one over the Adam steps of each batch of targets
+        (local) or over the finished batches (Ray).
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the batches run (:mod:`embgeom.parallel`): one task per batch of targets, keyed
+        ``(n_mem, length, first target index)``; the targets already in ``jsonl`` are skipped
+        before the tasks are made. Without ``adaptive`` all lengths go in one map; with it, one
+        map per grid or bisection step. Records are appended in task order, so the file is
+        the same whatever the completion order, and a crash leaves a prefix that a rerun
+        completes. The keyed seeds make every executor give the records of the local run.
+        Ray: set ``num_gpus`` on the executor for GPU tasks (the CLI does it for
+        ``--device cuda``).
+    load_on_workers : str, optional
+        Registry name or path from which each worker process loads the model once
+        (:func:`embgeom.adapters.load_model` with its defaults, then ``device``), instead of
+        receiving a pickled copy of ``model`` through the object store. Must name the same
+        model as ``model`` (the settings hash is computed from ``model``). Ignored locally.
     **cram_kwargs
         Passed to :func:`cram` (``init_scale``, ``betas``, ``adam_eps``, ``use_cache``); they
         enter the settings hash.
@@ -350,16 +433,19 @@ def accessibility_curve(
         from tqdm.auto import tqdm
 
         bar = tqdm(desc=f"accessibility m={n_mem}", unit="length")
-    runner = _LengthRunner(model, store, n_targets=n_targets, batch_size=batch_size,
-                           target_source=target_source, seed=seed, start=start, steps=steps,
-                           lr=lr, check_generation=check_generation, progress=progress,
-                           cram_kwargs=cram_kwargs, bar=bar)
+    from embgeom.parallel import executor_scope
+
     try:
-        if adaptive:
-            _adaptive_search(grid, runner.run)
-        else:
-            for n in grid:
-                runner.run(n)
+        with executor_scope(executor) as ex:
+            runner = _LengthRunner(model, store, n_targets=n_targets, batch_size=batch_size,
+                                   target_source=target_source, seed=seed, start=start,
+                                   steps=steps, lr=lr, check_generation=check_generation,
+                                   progress=progress, cram_kwargs=cram_kwargs, bar=bar,
+                                   executor=ex, load=load_on_workers, device=device)
+            if adaptive:
+                _adaptive_search(grid, runner.run)
+            else:
+                runner.run_all(grid)
     finally:
         if bar is not None:
             bar.close()

@@ -116,6 +116,7 @@ def run_cram(
     check_generation: bool = True,
     start_token="auto",
     progress: bool = True,
+    executor="local",
 ) -> dict:
     """The ``embgeom cram`` job: accessibility curves for each m, n50, C_emp, files on disk.
 
@@ -139,6 +140,11 @@ def run_cram(
     c_theory : float, optional
         Theoretical slope for the ratio in :func:`fit_slope`.
     progress : bool, default True
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the batches of targets run (see :func:`accessibility_curve`); one connection for
+        the whole sweep. When ``model_name`` is a name or path, each Ray worker process loads
+        the model from it once (and moves it to ``device``) instead of receiving a copy. Same
+        records, ``cram.jsonl`` and summary on every executor.
 
     Returns
     -------
@@ -160,12 +166,17 @@ def run_cram(
     dev, mdtype = model_device_dtype(hf)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "cram.jsonl"
-    curves, n50s = _sweep(model, ms, jsonl=jsonl, lengths=lengths, n_targets=n_targets, seed=seed,
-                          n_boot=n_boot, curve_kwargs=dict(
-                              target_source=target_source, adaptive=adaptive,
-                              max_length=max_length, steps=steps, lr=lr, batch_size=batch_size,
-                              check_generation=check_generation, start_token=start_token,
-                              progress=progress))
+    from embgeom.parallel import executor_scope
+
+    with executor_scope(executor) as ex:
+        curves, n50s = _sweep(model, ms, jsonl=jsonl, lengths=lengths, n_targets=n_targets,
+                              seed=seed, n_boot=n_boot, curve_kwargs=dict(
+                                  target_source=target_source, adaptive=adaptive,
+                                  max_length=max_length, steps=steps, lr=lr,
+                                  batch_size=batch_size, check_generation=check_generation,
+                                  start_token=start_token, progress=progress, executor=ex,
+                                  device=device,
+                                  load_on_workers=model_name if isinstance(model_name, str) else None))
     finite, fit, fit_error = _fit(n50s, c_theory)
     files = {"jsonl": str(jsonl)}
     if plot:

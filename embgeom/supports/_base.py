@@ -127,8 +127,9 @@ def affine_hull(H: np.ndarray):
     A thin SVD ``H - mean = U diag(sv) Vt`` computed on the centred rows divided by their
     largest absolute entry, so the rank does not depend on the scale of the data (``1e-160``
     and ``1e160`` give the rank at ``1``). A direction counts when its singular value exceeds
-    ``16 max(N, d) eps_64`` times the largest (the rounding level of the centred data).
-    ``rank = 0`` means all rows coincide exactly.
+    ``16 max(N, d) eps_64`` times the largest (the SVD's rounding) and ``16 sqrt(N d) eps_64
+    max|H|`` (the rounding of the centring itself: rows that agree to the last bits are not a
+    direction). ``rank = 0`` means all rows coincide exactly.
 
     Returns
     -------
@@ -144,11 +145,15 @@ def affine_hull(H: np.ndarray):
     mu = H.mean(axis=0)
     Hc = H - mu
     m = float(np.abs(Hc).max()) if Hc.size else 0.0
-    if not m > 0:
+    if not m > 0 or not np.any(H != H[0]):  # identical rows (their mean may differ by rounding)
         kk = min(H.shape)
         return mu, 0, np.zeros((H.shape[0], kk)), np.zeros(kk), np.eye(H.shape[1])[:kk]
     U, sv, Vt = np.linalg.svd(Hc / m, full_matrices=False)
-    tol = sv[0] * max(Hc.shape) * np.finfo(np.float64).eps * 16
+    eps = np.finfo(np.float64).eps
+    # relative to the spread (the SVD's own rounding), and to the rows' magnitude: centring rows
+    # of size |H| leaves errors up to eps |H| in each entry, sqrt(N d) eps |H| in a singular value
+    floor = 16 * eps * math.sqrt(H.size) * float(np.abs(H).max()) / m
+    tol = max(sv[0] * max(Hc.shape) * eps * 16, floor)
     return mu, int(np.sum(sv > tol)), U, sv * m, Vt
 
 

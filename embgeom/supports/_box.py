@@ -131,7 +131,9 @@ class Box(Support):
         if not np.all(hi > lo):
             bad = np.flatnonzero(~(hi > lo))
             raise ValueError(f"upper must exceed lower in every coordinate; fails at {bad[:10].tolist()}")
-        if not np.all(np.isfinite(hi - lo)):
+        with np.errstate(over="ignore"):
+            too_wide = not np.all(np.isfinite(hi - lo))
+        if too_wide:
             raise ValueError("upper - lower: the side lengths exceed the float64 range (about 1.8e308)")
         R = None
         if rotation is not None:
@@ -230,7 +232,9 @@ class Box(Support):
                     "pass a larger min_width"
                 )
             widened = zero.tolist()
-        if not np.all(np.isfinite(hi - lo)):
+        with np.errstate(over="ignore"):
+            too_wide = not np.all(np.isfinite(hi - lo))
+        if too_wide:
             raise ValueError("X: the box's side lengths exceed the float64 range; rescale X")
         self._set(lo, hi, R, widened)
         self.n_features_in_ = d

@@ -276,6 +276,7 @@ class Cone(Support):
             keep_src = np.concatenate([U, normk[:, None]], axis=1)
             kept, _ = trim(keep_src, -(U @ ref), q)
             U, normk = kept[:, :d], kept[:, d]
+        radius = unscale(float(normk.max()), k, "radius")
         spread = float(_angles(U, U[0]).max())
         if not spread > _ANGLE_RESOLUTION:
             refuse_degenerate(
@@ -321,7 +322,7 @@ class Cone(Support):
             )
         half = min(max(best_angle, 1e-300), math.pi)
         paper = 0.5 * math.acos(_min_pairwise_cosine(U))
-        self._set(best_axis, half, unscale(float(normk.max()), k, "radius"), paper=paper,
+        self._set(best_axis, half, radius, paper=paper,
                   optimal=optimal, gap=gap)
         self.n_features_in_ = d
         self._record_fit(n, U.shape[0] + int(n - nonzero.sum()), q, used, t0)

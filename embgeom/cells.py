@@ -728,6 +728,22 @@ class _Region:
     R: np.ndarray | None  # rotation (rows = box axes) or None
     name: str
     directions: bool  # witnesses are directions of a cone (bias ignored), not points
+    scale_exp: int = 0  # region coordinates are true coordinates / 2^scale_exp
+
+
+def _scaled_box(lb: np.ndarray, ub: np.ndarray, b64: np.ndarray | None):
+    """The box and the bias divided by the power of two nearest the box's size.
+
+    ``h = 2^k u`` turns ``(w_t - w_s) . h + (b_t - b_s) >= r |w_t - w_s|`` into
+    ``(w_t - w_s) . u + (b_t - b_s) / 2^k >= (r / 2^k) |w_t - w_s|``: the same cells and the
+    same answers, with the LPs, the witnesses and the tolerances at unit scale (a box of
+    half-width 1e-160 or 1e160 would otherwise fall below HiGHS's absolute tolerances or
+    overflow the float32 witness check). Exact (a power of two). Returns ``(lb, ub, c, k)``.
+    """
+    m = float(max(np.abs(lb).max(), np.abs(ub).max()))
+    k = int(np.round(np.log2(m))) if m > 0 else 0
+    c = None if b64 is None else np.ldexp(b64, -k)
+    return np.ldexp(lb, -k), np.ldexp(ub, -k), c, k
 
 
 def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, radius: float = 1.0) -> _Region:
@@ -736,7 +752,10 @@ def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, r
     d = W64.shape[1]
     ones = np.ones(d)
     if support is None:
-        return _Region(W64, b64, -radius * ones, radius * ones, b64 is not None, None, "none", True)
+        if radius == 1.0:  # the scan's free space: unit box (and tau for a bias), nothing to scale
+            return _Region(W64, b64, -ones, ones, b64 is not None, None, "none", True)
+        lb, ub, c, k = _scaled_box(-radius * ones, radius * ones, b64)
+        return _Region(W64, c, lb, ub, b64 is not None, None, "none", True, k)
     if not all(hasattr(type(support), m) for m in ("lp_region", "star_about_origin")):
         raise TypeError(
             "support: expected an embgeom.supports.Support (with .dim, .lp_region(), "
@@ -751,7 +770,8 @@ def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, r
         lb = np.asarray(box.lower, dtype=np.float64)
         ub = np.asarray(box.upper, dtype=np.float64)
         Wr = W64 if R is None else W64 @ np.asarray(R, dtype=np.float64).T
-        return _Region(np.ascontiguousarray(Wr), b64, lb, ub, False, R, label, False)
+        lb, ub, c, k = _scaled_box(lb, ub, b64)
+        return _Region(np.ascontiguousarray(Wr), c, lb, ub, False, R, label, False, k)
     if b64 is None and support.star_about_origin():
         # cells are cones with apex 0 and the support meets every ray from an interior origin:
         # a cell meets the support's interior iff it has an interior at all
@@ -762,6 +782,27 @@ def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, r
         f"ellipsoid, RMSNorm final-norm shell without bias); got {label}"
         + (" with a bias" if b64 is not None else "")
     )
+
+
+def _check_bias_at_scale(c: np.ndarray, region: _Region, name: str = "support", limit: float = 3e38,
+                         floor: float = float(np.finfo(np.float32).tiny)) -> None:
+    """Refuse a box whose size is out of all proportion to the bias (beyond float32's range).
+
+    In the box's unit coordinates the bias is ``b / 2^k``; the witnesses are checked by the
+    float32 decoder, which cannot hold it when ``|b| / 2^k`` passes 3.4e38 (a box far smaller
+    than the bias: ``W h`` is below the bias's own rounding everywhere in it) or when nonzero
+    entries fall below 1.2e-38 (a box far larger: the bias is below the rounding of ``W h``).
+    """
+    a = np.abs(c)
+    nz = a[a > 0]
+    if nz.size and (float(nz.max()) >= limit or float(nz.min()) < floor):
+        raise ValueError(
+            f"{name}: the box (size about 2^{region.scale_exp}) is out of proportion to the bias "
+            f"(|b| from {float(nz.min()) * 2.0**region.scale_exp:.3g} to {float(nz.max()) * 2.0**region.scale_exp:.3g}): "
+            "in its unit coordinates the bias leaves the range where W h and b can be compared "
+            "(float32 for the witnesses, HiGHS's 1e15 for the LPs); use a box closer to the "
+            "scale of b / |w|"
+        )
 
 
 def _unique_rows(W32: np.ndarray, b32: np.ndarray | None):
@@ -889,10 +930,12 @@ def _scan_unargmaxable(dec: Decoder, support, *, tokens, witness_steps, batch_si
         status[todo_ids] = STATUS_NAMES.index("witness")
         pos = pos[:0]
     # the fast float32 decoder over the distinct rows (bias ignored when witnesses are directions)
-    dec_u = Decoder(dec.W_[uniq], None if region.directions or dec.bias_ is None else dec.bias_[uniq],
-                    point_block=dec.point_block, vocab_block=dec.vocab_block)
+    c_u = None if region.directions or region.c is None else region.c
+    if c_u is not None:
+        _check_bias_at_scale(c_u, region)
+    dec_u = Decoder(dec.W_[uniq], c_u, point_block=dec.point_block, vocab_block=dec.vocab_block)
     row_max = float(np.max(np.linalg.norm(W64, axis=1)))
-    bias_max = 0.0 if (region.directions or b64 is None) else float(np.max(np.abs(b64)))
+    bias_max = 0.0 if c_u is None else float(np.max(np.abs(c_u)))
     Wr = region.Wr
     mu = Wr.mean(axis=0)
     cov = np.cov(Wr.T) if n_u > 1 else np.eye(d)
@@ -1015,6 +1058,8 @@ def _chebyshev_center(dec: Decoder, t, support, *, radius: float, max_iter: int)
         raise TypeError("support: chebyshev_center handles None (a box of half-width radius) or a "
                         "support with linear constraints (Box)")
     Wr, c = region.Wr, region.c
+    if c is not None:  # HiGHS reads |x| >= 1e20 as infinite; a bias of 1e15 box-widths is beyond it
+        _check_bias_at_scale(c, region, "support" if support is not None else "radius", limit=1e15, floor=0.0)
     wt = Wr[t]
     ct = 0.0 if c is None else c[t]
     diff = wt - Wr
@@ -1051,6 +1096,7 @@ def _chebyshev_center(dec: Decoder, t, support, *, radius: float, max_iter: int)
         bad = np.setdiff1d(bad[np.argsort(viol[bad])][: max(d // 2, 32)], S)
         if bad.size == 0:
             h = y if region.R is None else y @ region.R
-            return h, float(r)
+            k = region.scale_exp  # back to true coordinates (exact)
+            return np.ldexp(h, k), math.ldexp(float(r), k)
         S = np.union1d(S, bad)
     raise ValueError(f"chebyshev_center: no convergence in {max_iter} cutting-plane iterations")

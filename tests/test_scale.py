@@ -276,3 +276,39 @@ def test_decoder_rows_beyond_float32_and_float64():
         Decoder(W100).top2(big)
     with pytest.raises(ValueError, match="H: the logits W h \\+ b exceed the float64 range"):
         dec.assign(big)
+
+
+def test_exact_scan_and_chebyshev_centre_are_scale_free_without_bias():
+    """A bias-free decoder's cells are cones: the unargmaxable tokens in the box [-s, s]^d are
+    those in [-1, 1]^d, and the Chebyshev centre and depth scale with s. At s = 1e-160 the scan
+    used to report wrong tokens and a depth of 0 (below HiGHS's absolute tolerances)."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((30, 4)).astype(np.float32)
+    W[5] = 0.5 * (W[1] + W[2])  # planted inside the hull: unargmaxable
+    dec = Decoder(W)
+    ref = dec.unargmaxable(progress=False)
+    assert 5 in ref.tokens
+    c1, d1 = dec.chebyshev_center(3)
+    assert d1 > 0
+    for s in SCALES:
+        box = Box.from_params(-np.full(4, s), np.full(4, s))
+        got = dec.unargmaxable(box, progress=False)
+        np.testing.assert_array_equal(got.tokens, ref.tokens)
+        assert got.n_undecided == 0
+        c, depth = dec.chebyshev_center(3, radius=s)
+        assert depth == pytest.approx(d1 * s, rel=1e-9)
+        np.testing.assert_allclose(c, c1 * s, rtol=1e-9, atol=1e-9 * s)
+
+
+def test_exact_scan_with_bias_refuses_a_box_out_of_proportion():
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((30, 4)).astype(np.float32)
+    dec = Decoder(W, rng.standard_normal(30).astype(np.float32))
+    with pytest.raises(ValueError, match="support: the box \\(size about 2\\^-532\\) is out of proportion to the bias"):
+        dec.unargmaxable(Box.from_params(-np.full(4, 1e-160), np.full(4, 1e-160)), progress=False)
+    with pytest.raises(ValueError, match="radius: the box .* is out of proportion to the bias"):
+        dec.chebyshev_center(3, radius=1e-160)
+    # at a huge radius the bias is negligible: the centre is the bias-free one, scaled
+    c, depth = dec.chebyshev_center(3, radius=1e160)
+    c0, d0 = Decoder(W).chebyshev_center(3)
+    assert depth == pytest.approx(d0 * 1e160, rel=1e-6)

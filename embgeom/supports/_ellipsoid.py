@@ -79,6 +79,8 @@ class Ellipsoid(Support):
         values of the constraints (NaN if the solver gives none); 0 for a given ellipsoid.
         With ``ridge`` it is measured in the affine hull (the ridge axes are given, not fitted).
     ridge_ : float or None
+        The semi-axis given to the directions off the affine hull; ``None`` when the points
+        are full rank (``ridge`` then unused).
     affine_rank_ : int
         Dimension of the affine hull of the fitted points (``d`` when full).
     n_iter_ : int
@@ -89,9 +91,13 @@ class Ellipsoid(Support):
     -----
     ``log_volume = log vol(B_d) + sum_i log s_i = log vol(B_d) - 1/2 log det A`` (nats).
 
-    The fast solver (:func:`embgeom.supports._mvee.mvee_fast`) ends at a tolerance, after which
-    ``A`` is scaled so that the farthest point lies exactly on the boundary: every point is
-    contained. Each step costs one rank-one update of ``M^{-1}`` (``d^2``) and of the Mahalanobis
+    Both solvers run on the whitened points (:func:`embgeom.supports._mvee.mvee`: the thin SVD
+    of the centred data, which the MVEE's affine equivariance allows), so neither the scale, the
+    rotation nor the axis ratio of the data changes the number of steps or the accuracy; the
+    result is mapped back as axes and semi-axes. The fast solver
+    (:func:`embgeom.supports._mvee.todd_yildirim`) ends at a tolerance, after which the
+    ellipsoid is scaled so that the farthest point lies exactly on the boundary: every point is
+    contained, and ``gap_nats_`` certifies how far above the minimum it can be. Each step costs one rank-one update of ``M^{-1}`` (``d^2``) and of the Mahalanobis
     norms of the candidates (``N`` each); the product ``Q M^{-1} q_B`` for a batch of candidates
     is one GEMM. Its convergence is linear but slows down when many points are in the optimal
     support (i.i.d. Gaussian data in high d: most of them); ``N >> d^2`` is where the support is

@@ -32,7 +32,8 @@ import numpy as np
 
 from . import _kernels
 from ._validation import check_positive_int
-from .cells import _UNIT_ROUNDOFF32, STATUS_NAMES, Decoder, UnargmaxableResult, _gamma, _Region, _region
+from .cells import (_UNIT_ROUNDOFF32, STATUS_NAMES, Decoder, UnargmaxableResult, _check_bias_at_scale,
+                    _gamma, _Region, _region)
 
 __all__ = ["ScanSetup", "prepare", "select_tokens", "witness_phase", "lp_phase", "scan"]
 
@@ -211,10 +212,13 @@ def prepare(dec: Decoder, support=None) -> ScanSetup:
     b64 = None if dec.bias_ is None else dec.bias_[uniq].astype(np.float64)
     region = _region(dec, support, W64, b64)
     # the fast float32 decoder over the distinct rows (bias ignored when witnesses are directions)
-    dec_u = Decoder(dec.W_[uniq], None if region.directions or dec.bias_ is None else dec.bias_[uniq],
-                    point_block=dec.point_block, vocab_block=dec.vocab_block)
+    # (in the region's unit coordinates: the bias is region.c, checked against float32's range)
+    c_u = None if region.directions or region.c is None else region.c
+    if c_u is not None:
+        _check_bias_at_scale(c_u, region)
+    dec_u = Decoder(dec.W_[uniq], c_u, point_block=dec.point_block, vocab_block=dec.vocab_block)
     row_max = float(np.max(np.linalg.norm(W64, axis=1)))
-    bias_max = 0.0 if (region.directions or b64 is None) else float(np.max(np.abs(b64)))
+    bias_max = 0.0 if c_u is None else float(np.max(np.abs(c_u)))
     Wr = region.Wr
     mu = Wr.mean(axis=0)
     cov = np.cov(Wr.T) if uniq.size > 1 else np.eye(d)

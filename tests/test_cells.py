@@ -179,8 +179,14 @@ def test_bad_input():
         dec.assign(np.ones((2, 3), np.int32))
     with pytest.raises(ValueError, match="method"):
         dec.assign(np.ones((2, 3)), method="voronoi")
-    with pytest.raises(ValueError, match="overflow"):
-        dec.assign(np.full((1, 3), 1e39))  # finite float64, overflows float32
+    # finite float64 that overflows float32: no longer refused, the cell is scale-free (a tie
+    # between the three unit rows: the lowest id)
+    np.testing.assert_array_equal(dec.assign(np.full((1, 3), 1e39)), [0])
+    np.testing.assert_array_equal(dec.assign(np.array([[1e39, 2e39, -1e39]])), [1])
+    with pytest.raises(ValueError, match="W: 3 nonzero entries are below float32's normal range"):
+        Decoder(np.eye(3) * 1e-46)  # was stored as an all-zero W, every point in cell 0
+    with pytest.raises(ValueError, match="bias: 1 nonzero entries"):
+        Decoder(W, np.array([0.0, 1e-40, 1.0]))
     with pytest.raises(ValueError, match="dimension"):
         dec.unargmaxable(Ball.from_params(None, 1.0, dim=4), progress=False)
     with pytest.raises(ValueError, match="t"):

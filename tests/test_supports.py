@@ -387,10 +387,14 @@ def test_bad_input_errors():
         fit_support(H, "ball", quantile=1.5)
     with pytest.raises(ValueError, match="quantile"):
         fit_support(H, "ball", quantile=0.0)
-    Z = H.copy()
-    Z[7] = 0.0
-    with pytest.raises(ValueError, match="zero vector"):
-        fit_support(Z, "cone")
+    Z = H + 3.0  # directions in an open hemisphere
+    Z[7] = 0.0  # the apex: inside every cone, so it changes nothing
+    cone_z = fit_support(Z, "cone")
+    cone_ref = fit_support(np.delete(Z, 7, axis=0), "cone")
+    assert cone_z.half_angle_ == cone_ref.half_angle_ and cone_z.radius_ == cone_ref.radius_
+    assert cone_z.contains(Z).all() and cone_z.n_fit_ == 50 and cone_z.n_dropped_ == 0
+    with pytest.raises(ValueError, match="X: degenerate data for the cone: all 50 points are at the origin"):
+        fit_support(np.zeros((50, 4)), "cone")
     S = fit_support(H, "ball")
     with pytest.raises(ValueError, match="dimension"):
         S.contains(rng.standard_normal((3, 5)))

@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from .._special import log1p_ratio
 from .._validation import check_positive, check_positive_int
 from ._checks import _check_eps, _check_rate, _check_vocab
 
@@ -254,4 +255,4 @@ def theorem45_log_count(d, m, r, eps) -> float:
     m = check_positive_int(m, "m")
     r = check_positive(r, "r")
     eps = _check_eps(eps)
-    return d * m * math.log1p(2.0 * r / eps)
+    return d * m * log1p_ratio(r, eps, 2.0)  # in logs: r / eps may exceed 1.8e308

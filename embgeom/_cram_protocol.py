@@ -15,7 +15,10 @@ forward and backward (hundreds of small kernels per layer), not by FLOPs, until 
 thousands of positions. Up to 5,000 steps in sequence then cost ``5000 * t_step`` per batch,
 whatever its size, so the preset puts many (m, n) rows in a few batches: rows of mixed m and n
 in one batch, right-padded to the bucket's longest input (causal attention: padding after a
-row changes nothing before it), the logits of each row gathered at its own n scored positions.
+row changes nothing before it), the logits of each row gathered at its own n scored positions
+(:func:`embgeom.cramming.cram` with rows of different m and n, driven by
+:func:`embgeom.cramming.mixed_curves`; :func:`run_cram_kwargs` turns a preset into
+:func:`embgeom.cramming.run_cram` arguments).
 :func:`estimate_seconds` gives the worst case (every row runs all steps) from the FLOPs of
 :func:`step_flops` (checked against ``torch.utils.flop_counter.FlopCounterMode`` in
 ``tests/test_cram_protocol.py``) and the constants of :data:`H200`.

@@ -214,7 +214,9 @@ def _cram_kwargs(args) -> dict:
             raise UsageError(f"--mem {missing}: the paper preset has no lengths for these m; "
                              "give --lengths")
         kw["lengths"] = {m: kw["lengths"][m] for m in kw["mems"]}
-    overridden = sorted({*given, *(["lengths"] if args.lengths is not None else [])})
+    kw["start_token"] = args.start_token  # the preset's is "auto", the flag's default
+    overridden = sorted({*given, *(["lengths"] if args.lengths is not None else []),
+                         *(["start_token"] if args.start_token != "auto" else [])})
     kw["protocol"] = {**kw["protocol"], "overridden": overridden}
     return dict(kw, seed=args.seed, plot=args.plot)
 

@@ -191,6 +191,9 @@ def test_cram_options_reach_run_cram(monkeypatch, tmp_path):
                  "--steps", "100"]) == 0
     assert seen["mems"] == [2] and list(seen["lengths"]) == [2] and seen["steps"] == 100
     assert seen["protocol"]["overridden"] == ["mem", "steps"]
+    assert main(["cram", "--out", str(tmp_path / "c"), "--protocol", "paper", "--start-token",
+                 "none"]) == 0
+    assert seen["start_token"] is None and seen["protocol"]["overridden"] == ["start_token"]
 
 
 def test_cram_protocol_paper_runs_end_to_end_at_toy_scale(monkeypatch, tmp_path, capsys):

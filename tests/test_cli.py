@@ -93,3 +93,144 @@ def test_cram_lengths_are_run_as_given(monkeypatch, tmp_path, argv, adaptive):
     monkeypatch.setattr(cramming, "run_cram", fake)
     assert main(["cram", "--out", str(tmp_path / "c"), *argv]) == 0
     assert seen["adaptive"] is adaptive and seen["start_token"] == "auto"
+
+
+# ------------------------------------------------------------------ cram: folders, options, protocol
+
+
+def _tiny_llama():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                      initializer_range=0.3, tie_word_embeddings=False,
+                      attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_cram_read_only_out_is_one_line_before_loading(capsys, tmp_path, monkeypatch):
+    """Issue 12, kind 6: an --out folder that cannot be written is refused before the model is
+    loaded, in one line with exit code 2."""
+    import os
+
+    from embgeom.cramming import _run as run_mod
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.geteuid() == 0:  # root writes anywhere: make the probe meet a read-only folder
+        real_open = os.open
+
+        def ro_open(path, flags, *a):
+            if str(path).startswith(str(ro)) and flags & os.O_CREAT:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, flags, *a)
+
+        monkeypatch.setattr(run_mod.os, "open", ro_open)
+    monkeypatch.setattr(run_mod, "_load", lambda name: (_ for _ in ()).throw(
+        AssertionError("the model was loaded before --out was checked")))
+    for out in (ro, ro / "sub"):
+        code, err = _run(capsys, ["cram", "--out", str(out), "--lengths", "2"])
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert "cannot write" in err and str(ro) in err
+    ro.chmod(0o700)
+
+
+def test_cram_disk_errors_during_the_run_are_one_line(capsys, tmp_path, monkeypatch):
+    import errno
+
+    from embgeom import cramming
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "c" / "cram.jsonl"))
+
+    monkeypatch.setattr(cramming, "run_cram", full)
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), "--lengths", "2"])
+    assert code == 2 and "No space left" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["--weight-decay", "-1"], "weight-decay"),
+    (["--weight-decay", "nan"], "weight-decay"),
+    (["--patience", "0"], "patience"),
+    (["--precision", "fp16"], "precision"),
+    (["--protocol", "kuratov"], "protocol"),
+    (["--protocol", "paper", "--model", "pythia-160m"], "model"),
+    (["--protocol", "paper", "--adaptive"], "adaptive"),
+    (["--protocol", "paper", "--mem", "7"], "--mem"),
+])
+def test_cram_bad_new_options(capsys, tmp_path, argv, word):
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), *argv])
+    assert code == 2 and word in err and "Traceback" not in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_cram_options_reach_run_cram(monkeypatch, tmp_path):
+    from embgeom import cramming
+
+    seen = {}
+    monkeypatch.setattr(cramming, "run_cram",
+                        lambda model, mems, out, **kw: seen.update(kw, mems=mems) or {"summary_lines": ["ok"]})
+    assert main(["cram", "--out", str(tmp_path / "c")]) == 0
+    assert (seen["precision"], seen["weight_decay"], seen["patience"]) == ("float32", 0.0, None)
+    assert (seen["mems"], seen["n_targets"], seen["steps"], seen["lr"], seen["device"]) == (
+        [1], 8, 1000, 1e-2, "cpu")
+    assert main(["cram", "--out", str(tmp_path / "c"), "--precision", "bf16-autocast",
+                 "--weight-decay", "0.01", "--patience", "30"]) == 0
+    assert (seen["precision"], seen["weight_decay"], seen["patience"]) == ("bf16-autocast", 0.01, 30)
+    # the paper preset (device cuda: accepted here without a GPU), then the command line's
+    monkeypatch.setattr("embgeom._hf.check_device", lambda d: d)
+    assert main(["cram", "--out", str(tmp_path / "c"), "--protocol", "paper"]) == 0
+    assert seen["mems"] == [1, 2, 3, 4] and seen["steps"] == 5000 and seen["patience"] == 2000
+    assert seen["betas"] == (0.9, 0.9) and seen["weight_decay"] == 0.01 and seen["device"] == "cuda"
+    assert seen["mixed_batches"] == 2 and seen["adaptive"] is False
+    assert seen["protocol"]["name"] == "paper" and seen["protocol"]["overridden"] == []
+    assert main(["cram", "--out", str(tmp_path / "c"), "--protocol", "paper", "--mem", "2",
+                 "--steps", "100"]) == 0
+    assert seen["mems"] == [2] and list(seen["lengths"]) == [2] and seen["steps"] == 100
+    assert seen["protocol"]["overridden"] == ["mem", "steps"]
+    assert main(["cram", "--out", str(tmp_path / "c"), "--protocol", "paper", "--start-token",
+                 "none"]) == 0
+    assert seen["start_token"] is None and seen["protocol"]["overridden"] == ["start_token"]
+
+
+def test_cram_protocol_paper_runs_end_to_end_at_toy_scale(monkeypatch, tmp_path, capsys):
+    """`embgeom cram --protocol paper` on a tiny random Llama (the preset's grid and step budget
+    overridden to toy size, the rest the paper's: AdamW betas (0.9, 0.9), weight decay 0.01,
+    bf16 autocast with float32 verdicts, mixed batches): the run ends, the summary records the
+    protocol and every JSONL record its precision and stop reason."""
+    import json
+
+    import torch
+
+    from embgeom.cramming import _run as run_mod
+
+    tiny = _tiny_llama()
+    monkeypatch.setattr(run_mod, "_load", lambda name: tiny)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path / "paper"
+    try:
+        code = main(["cram", "--protocol", "paper", "--model", "smollm2-135m", "--out", str(out),
+                     "--mem", "1", "2", "--lengths", "2", "4", "--n-targets", "2", "--steps", "30",
+                     "--patience", "10", "--device", "cpu"])
+    finally:
+        torch.set_num_threads(old)
+    assert code == 0
+    s = json.loads((out / "cram_summary.json").read_text())
+    st = s["settings"]
+    assert st["protocol"]["name"] == "paper" and st["protocol"]["model"] == "smollm2-135m"
+    assert st["protocol"]["overridden"] == ["device", "lengths", "mem", "n_targets", "patience", "steps"]
+    assert (st["precision"], st["weight_decay"], st["patience"], st["betas"]) == (
+        "bf16-autocast", 0.01, 10, [0.9, 0.9])
+    assert st["mixed_batches"] == 2 and st["steps"] == 30
+    assert set(s["curves"]) == {"1", "2"} and all(c["trials"] == [2, 2] for c in s["curves"].values())
+    recs = [json.loads(x) for x in (out / "cram.jsonl").read_text().splitlines()]
+    assert len(recs) == 8
+    assert {r["precision"] for r in recs} == {"bf16-autocast"}
+    assert {r["stop_reason"] for r in recs} <= {"accuracy", "patience", "steps"}
+    assert all(r["steps"] <= 30 for r in recs)
+    assert all(r["settings"]["patience"] == 10 and r["settings"]["weight_decay"] == 0.01 for r in recs)
+    assert "protocol paper" in (out / "cram_summary.md").read_text()

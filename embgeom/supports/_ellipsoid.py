@@ -13,6 +13,7 @@ from .._validation import check_array, check_positive, check_positive_int, check
 from ._base import _SOLVERS, Support, check_choice, trim, unit_ball_samples
 from ._mvee import mvee_cvxpy, mvee_fast
 from ._volumetric import circumball_terms, ellipsoid_terms, is_axis_aligned
+from ._base import check_scale_factor
 
 __all__ = ["Ellipsoid"]
 
@@ -340,3 +341,16 @@ class Ellipsoid(Support):
             "ridge": self.ridge_,
             "affine_rank": self.affine_rank_,
         }
+
+    def scaled(self, factor) -> "Ellipsoid":
+        """The ellipsoid with the same centre and axes, semi-axes times ``factor`` (shape
+        matrix ``A / factor^2``; see :meth:`Support.scaled`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        return type(self).from_params(self.center_, self.shape_matrix_ / (s * s))

@@ -47,7 +47,6 @@ from ._cone import Cone
 from ._ellipsoid import Ellipsoid
 from ._conformal import calibrate_support, conformal_rank, split_for_calibration
 from ._fit import SHAPES, fit_support
-from ._report import supports_report_section
 from ._shell import FinalNormShell, support_from_final_norm
 from ._validity import ContainmentCheck, clopper_pearson_lower, containment_check, min_points_for
 
@@ -70,8 +69,15 @@ __all__ = [
     "containment_check",
     "clopper_pearson_lower",
     "min_points_for",
-    "supports_report_section",
     "log_unit_ball_volume",
     "log_cap_fraction",
 ]
 
+
+def __getattr__(name):
+    # The report section moved to embgeom.report (geometry does no I/O); the old name still works.
+    if name == "supports_report_section":
+        from ..report._supports import supports_report_section
+
+        return supports_report_section
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

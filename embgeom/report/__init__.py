@@ -44,5 +44,4 @@ __all__ = [
     "read_cram_summary",
     "find_cram_summary",
     "plot_accessible_fraction",
-    "figures",
 ]

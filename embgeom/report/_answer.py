@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._cells import unargmaxable_sentence
 from ._markdown import fmt
+from ._supports import CUBE
 
 __all__ = ["build_answer", "answer_markdown", "answer_lines"]
 
@@ -71,7 +72,7 @@ def build_answer(model: dict, supports: dict, cells: dict, bounds: dict, *,
     eps = bounds["eps"]["paper"]
     if tight is not None:
         C = bounds["slope"][tight]
-        entry = supports.get(tight, {"kind": "cube"} if tight == "cube" else {})
+        entry = supports.get(tight, {"kind": CUBE} if tight == CUBE else {})
         sentence = (f"m prompt vectors at precision eps = r_inf 2^-11 = {eps:.4g} can make "
                     f"{name} emit every sequence of n tokens only if n <= C m with C = {C:.4g} "
                     f"tokens per prompt vector (log P = {bounds['log_packing'][tight]:,.0f} nats "

@@ -19,8 +19,8 @@ from ..bounds import (
 )
 from ..bounds._checks import _check_vocab
 from . import figures
-from ._markdown import fmt, md_table
-from ._supports import CONFORMAL_SUFFIX
+from ._markdown import md_table
+from ._supports import CONFORMAL_SUFFIX, CUBE
 
 __all__ = ["bounds_report_section", "plot_accessible_fraction", "LAMBDA_MAX_UNRESOLVED",
            "TERM_MEANING"]
@@ -116,11 +116,11 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     eps_dtype = precision_eps(rinf, dtype)
     kinds, errors, binding = {}, {}, {}
     lp_paper, lp_dtype, lp_formula = {}, {}, {}
-    if "cube" not in (supports or {}):
-        lp_paper["cube"] = theorem45_log_count(d, 1, rinf, eps_paper)
-        lp_dtype["cube"] = theorem45_log_count(d, 1, rinf, eps_dtype)
-        lp_formula["cube"] = lp_paper["cube"]
-        kinds["cube"], binding["cube"] = "box (cube)", "vinf_box"
+    if CUBE not in (supports or {}):
+        lp_paper[CUBE] = theorem45_log_count(d, 1, rinf, eps_paper)
+        lp_dtype[CUBE] = theorem45_log_count(d, 1, rinf, eps_dtype)
+        lp_formula[CUBE] = lp_paper[CUBE]
+        kinds[CUBE], binding[CUBE] = "box (cube)", "vinf_box"
     for name, sup in (supports or {}).items():
         try:
             terms = packing_bound_terms(sup, eps_paper)
@@ -128,7 +128,7 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
             lp_dtype[name] = log_packing_number(sup, eps_dtype)
             lp_formula[name] = float(terms["paper"])
             binding[name] = _binding_term(terms)
-            kinds[name] = "box (cube)" if name == "cube" else type(sup).__name__
+            kinds[name] = "box (cube)" if name == CUBE else type(sup).__name__
         except (TypeError, ValueError, AttributeError) as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
     rate, lam = None, None
@@ -161,7 +161,7 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     if tight is not None:
         # the valid supports (at most three, tightest first; the cube only when alone): each
         # panel then spans the few tokens where their bounds fall, not the cube's far cliff
-        shown = sorted((k for k in candidates if k != "cube"), key=lp_paper.get)[:3] or [tight]
+        shown = sorted((k for k in candidates if k != CUBE), key=lp_paper.get)[:3] or [tight]
         curves = {f"{k} (log|V|)": (lp_paper[k], None) for k in shown}
         if usable:
             curves[f"{tight} (lambda = {lam:.3g})"] = (lp_paper[tight], lam)

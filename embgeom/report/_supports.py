@@ -21,7 +21,7 @@ from ..supports._base import check_hidden
 from . import figures
 from ._markdown import fmt, md_table
 
-__all__ = ["supports_report_section", "REPORT_FITS", "CONFORMAL_SUFFIX"]
+__all__ = ["supports_report_section", "REPORT_FITS", "CONFORMAL_SUFFIX", "CUBE"]
 
 #: Report name -> (fit_support shape, options).
 REPORT_FITS = {
@@ -34,6 +34,9 @@ REPORT_FITS = {
 }
 #: A calibrated support is reported under ``<name> + CONFORMAL_SUFFIX``.
 CONFORMAL_SUFFIX = "_conformal"
+#: The report's name (and ``kind``) of the L-infinity cube ``[-r_inf, r_inf]^d`` row: a report
+#: entry, not a support shape (the support behind it is a :class:`~embgeom.supports.Box`).
+CUBE = "cube"
 _BIG = ("center", "axis", "lower", "upper", "semi_axes", "gain")
 
 
@@ -157,8 +160,8 @@ def supports_report_section(H, out_dir, shapes=tuple(REPORT_FITS), unembedding=N
         fitted["final_norm"] = shell
     if rinf is not None:
         cube = Box.from_params(-np.full(d, float(rinf)), np.full(d, float(rinf)))
-        fitted["cube"] = cube
-        section["cube"] = {"shape": "box", "kind": "cube", "dim": d, "rinf": float(rinf),
+        fitted[CUBE] = cube
+        section[CUBE] = {"shape": cube.shape, "kind": CUBE, "dim": d, "rinf": float(rinf),
                            "log_volume": float(cube.log_volume),
                            "log_volume_per_dim": float(cube.log_volume) / d}
     if Ht is not None:
@@ -213,7 +216,7 @@ def supports_markdown(section: dict, shape, *, heldout_desc: str = "") -> str:
                 params.append(f"{key} {fmt(e[key])}")
         if e["kind"] == "conformal":
             params = [f"scale {fmt(e['calibration']['scale'])} of {e['of']}"]
-        if e["kind"] == "cube":
+        if e["kind"] == CUBE:
             params = [f"rinf {fmt(e['rinf'])}"]
         ho = e.get("heldout") or {}
         held = (f"{ho['n_inside']:,}/{ho['n']:,}" if ho else None)

@@ -30,7 +30,8 @@ MODULES = {
     "bounds": "Packing numbers, Theorem 4.5, the linear law, lambda, Cor. 4.10 (log space).",
     "cramming": "Soft-prompt (memory vector) cramming, accessibility curves, n50, C_emp (torch).",
     "copying": "The copy task and its accuracy cliff (torch).",
-    "report": "One model's report (report.json, report.md, figures).",
+    "report": "One model's report (report.json opening with the answer, report.md, figures): "
+    "sections, markdown and `report.figures` (matplotlib object API).",
 }
 
 SIG_CHARS = 120

@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     rep.add_argument("--cache-dir", default=None,
                      help="folder for the .npy cache of hidden states (default: none)")
+    rep.add_argument("--cram-summary", default="auto",
+                     help="cram_summary.json (or its folder) of an `embgeom cram` run on this model, "
+                     "for C_emp; 'auto' (default): the newest under benchmarks/results/ or runs/; "
+                     "'none': do not look")
     rep.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_executor_arguments(rep)
 
@@ -182,6 +186,7 @@ def _cmd_report(args) -> dict:
         n_cell_samples=args.cell_samples,
         seed=args.seed,
         cache_dir=args.cache_dir,
+        cram_summary=None if args.cram_summary == "none" else args.cram_summary,
         progress=not args.no_progress,
         executor=executor_from_args(args),
     )

@@ -17,7 +17,6 @@ Biometrika 26 (1934); E. B. Wilson, JASA 22 (1927).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -29,10 +28,8 @@ from ._validation import check_positive_int, check_probability, seed_sequence
 from .cells import Decoder
 from .parallel import executor_scope
 
-__all__ = [
-    "CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval", "cells_report_section",
-    "ConeMeasure", "log_cone_gaussian_measure",
-]
+__all__ = ["CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval",
+           "ConeMeasure", "log_cone_gaussian_measure"]
 
 
 def wilson_interval(successes, trials, confidence: float = 0.95):
@@ -299,54 +296,16 @@ class CellVolumes:
         Returns
         -------
         matplotlib Axes
+
+        Notes
+        -----
+        The drawing lives in :func:`embgeom.report.figures.plot_cell_histogram` (matplotlib's
+        object API; imported only when this method is called). The report draws the cells as a
+        rank plot instead (:func:`embgeom.report.figures.plot_cell_shares`).
         """
-        import matplotlib
+        from .report.figures import plot_cell_histogram
 
-        if ax is None:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        bins = check_positive_int(bins, "bins")
-        fig = None
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(7, 4))
-        rare = self.token_method == "rare-event"
-        if rare.any():  # rare-event log-shares: every estimated token, no zero-hit bar
-            hit = rare
-            n_empty = int((self.token_method == "empty").sum())
-            label = f"{int(rare.sum())} tokens, rare-event" + (
-                "" if rare.sum() + n_empty == rare.size else f" (token sample of {rare.size})"
-            ) + (f"; {n_empty} proven empty, not drawn" if n_empty else "")
-            x = self.log_fractions[rare] / math.log(10)
-        else:
-            hit = self.counts > 0
-            label = f"{int(hit.sum())} tokens with hits"
-            x = np.log10(self.fractions[hit])
-        if x.size:
-            lo, hi = float(x.min()), float(x.max())
-            if hi - lo < 1e-9:
-                lo, hi = lo - 0.5, hi + 0.5
-            edges = np.linspace(lo, hi, bins + 1)
-            ax.hist(x, bins=edges, color="C0", label=label)
-            width = (hi - lo) / bins
-        else:
-            lo, width = math.log10(1.0 / self.n_samples), 0.1
-        if self.n_zero and not rare.any():
-            ub = float(self.upper[~hit].max())
-            xz = lo - 3 * width
-            ax.bar([xz], [self.n_zero], width=2 * width, color="0.6",
-                   label=f"{self.n_zero} tokens with 0 hits (fraction < {ub:.1e})")
-            ax.annotate("0 hits", (xz, self.n_zero), ha="center", va="bottom", fontsize=8)
-        ax.set_xlabel("log10 cell-volume fraction")
-        ax.set_ylabel("number of tokens (log scale)")
-        ax.set_yscale("log")  # the large-cell tail holds few tokens: visible only in logs
-        ax.set_title(title or f"decoder cell volumes ({self.n_samples} samples, {self.sampling})")
-        ax.legend(fontsize=8)
-        if path is not None:
-            (fig or ax.figure).savefig(path, dpi=120, bbox_inches="tight")
-        if fig is not None and path is not None:
-            plt.close(fig)
-        return ax
+        return plot_cell_histogram(self, ax=ax, path=path, bins=bins, title=title)
 
 
 def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
@@ -662,95 +621,11 @@ def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, 
             "token_method": method}, summary
 
 
-def cells_report_section(
-    decoder: Decoder,
-    support,
-    n_samples: int,
-    seed,
-    out_dir,
-    tokenizer=None,
-    *,
-    unargmaxable: str = "full",
-    max_lp: int | None = 200,
-    lp_time_limit: float = 60.0,
-    top_k: int = 20,
-    progress: bool = True,
-    return_volumes: bool = False,
-    method: str = "uniform",
-    tokens="auto",
-    executor="local",
-):
-    """The cells section of the report: cell volumes, the largest cells, unargmaxable tokens.
+def __getattr__(name):
+    # The report section moved to embgeom.report (this module writes no files); the old name
+    # still works.
+    if name == "cells_report_section":
+        from .report import cells_report_section
 
-    Writes ``cell_fractions.npy`` (float64 (n_tokens,)) and ``cell_volumes.png`` (the
-    histogram) into ``out_dir``.
-
-    Parameters
-    ----------
-    decoder : Decoder
-    support : Support
-        Where the hidden states live (the fitted support); passed to :func:`cell_volumes`.
-    n_samples : int
-        Monte Carlo points.
-    seed : int or None
-    out_dir : str or path-like
-        Existing or new folder.
-    tokenizer : optional
-        ``convert_ids_to_tokens`` gives the token strings of the largest cells.
-    unargmaxable : {"full", "off"}, default "full"
-        ``"full"``: the exact scan of every token over the whole space
-        (:meth:`Decoder.unargmaxable` with no support; the canonical notion of Grivas et al.
-        2022), at most ``max_lp`` LPs (the rest reported as undecided). ``"off"``: skipped.
-    max_lp : int or None, default 200
-    lp_time_limit : float, default 60
-        Seconds per LP token before it is reported undecided.
-    top_k : int, default 20
-    progress : bool, default True
-    return_volumes : bool, default False
-        Also return the :class:`CellVolumes` (for the bounds section's lambda).
-    method, tokens
-        Passed to :func:`cell_volumes`. The default here stays ``"uniform"`` until the bounds
-        section's lambda reads ``log_fractions`` (the rare-event pass costs about 30 minutes
-        for a 1,000-token sample of SmolLM2 on 2 cores).
-    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
-        Where the cell-volume chunks and the unargmaxable scan run (same results on each).
-
-    Returns
-    -------
-    dict
-        JSON-able: ``unargmaxable`` (dict: ``n_unargmaxable``, ``n_lp``, ``n_undecided``, ids,
-        status counts, seconds; or None when off), ``fractions_path`` (str), ``histogram_path``,
-        ``top`` (list of the ``top_k`` largest cells with token strings), ``top1pct_share``
-        (share of the volume in the largest 1% of cells), ``volumes`` (the
-        :meth:`CellVolumes.to_dict` summary).
-
-    Raises
-    ------
-    TypeError, ValueError
-        As :func:`cell_volumes`; ``unargmaxable`` not one of the choices.
-    """
-    if unargmaxable not in ("full", "off"):
-        raise ValueError(f"unargmaxable: expected 'full' or 'off', got {unargmaxable!r}")
-    os.makedirs(out_dir, exist_ok=True)
-    cv = cell_volumes(decoder, support, n_samples, seed=seed, progress=progress, method=method,
-                      tokens=tokens, executor=executor)
-    fpath = os.path.join(os.fspath(out_dir), "cell_fractions.npy")
-    np.save(fpath, cv.fractions)
-    hpath = os.path.join(os.fspath(out_dir), "cell_volumes.png")
-    cv.histogram(path=hpath)
-    un = None
-    if unargmaxable == "full":
-        res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress,
-                                   executor=executor)
-        un = res.to_dict()
-        if tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens") and res.tokens.size:
-            un["tokens"] = [str(s) for s in tokenizer.convert_ids_to_tokens([int(i) for i in res.tokens[:200]])]
-    section = {
-        "unargmaxable": un,
-        "fractions_path": fpath,
-        "histogram_path": hpath,
-        "top": cv.top(top_k, tokenizer=tokenizer),
-        "top1pct_share": cv.top_share(0.01),
-        "volumes": cv.to_dict(),
-    }
-    return (section, cv) if return_volumes else section
+        return cells_report_section
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from scipy.special import gammaln
 
 from embgeom.cells import Decoder
 from embgeom.supports import Ball, Box
-from embgeom.volumes import SAMPLE_BLOCK, binomial_interval, cell_volumes, cells_report_section
+from embgeom.volumes import SAMPLE_BLOCK, binomial_interval, cell_volumes
 
 
 class TinyBall:
@@ -175,23 +174,6 @@ def test_bad_input():
 
     with pytest.raises(ValueError, match="NaN"):
         cell_volumes(Decoder(cross_polytope(3), np.zeros(6)), NaNSupport(3), 10, progress=False)
-
-
-def test_report_section(tmp_path):
-    W = np.vstack([cross_polytope(3), np.array([[0.1, 0.1, 0.0]])]).astype(np.float32)  # one inside
-
-    class Tok:
-        def convert_ids_to_tokens(self, ids):
-            return [f"tok{i}" for i in ids]
-
-    out = cells_report_section(Decoder(W), Ball.from_params(None, 1.0, dim=3), 2000, 0, tmp_path / "rep", Tok(), progress=False)
-    json.dumps(out)
-    assert out["unargmaxable"]["n_unargmaxable"] == 1 and out["unargmaxable"]["unargmaxable"] == [6]
-    assert out["unargmaxable"]["tokens"] == ["tok6"]
-    f = np.load(out["fractions_path"])
-    assert f.shape == (7,) and f[6] == 0 and f.sum() == pytest.approx(1.0)
-    assert os.path.getsize(out["histogram_path"]) > 1000
-    assert len(out["top"]) == 7 and out["top"][0]["token"].startswith("tok")
 
 
 def test_origin_ellipsoid_directions_match_the_exact_sector_shares():

@@ -291,7 +291,7 @@ def run_cram(
 
 def _summary_markdown(summary: dict) -> str:
     """The readable form of a :func:`run_cram` summary: one table per m, n50s, the fit."""
-    from embgeom._markdown import fmt, md_table
+    from embgeom.report._markdown import fmt, md_table
 
     st = summary["settings"]
     lines = [

@@ -23,6 +23,7 @@ from ._base import (
     unscale,
 )
 from ._volumetric import ball_terms
+from ._base import check_scale_factor
 
 __all__ = ["Ball"]
 
@@ -386,3 +387,18 @@ class Ball(Support):
     @classmethod
     def _from_fit_options(cls, *, center, quantile, solver, **kw):
         return cls(centering=center, quantile=quantile, solver=solver, **kw)
+
+    def scaled(self, factor) -> "Ball":
+        """The ball with the same centre and ``factor`` times the radius (see
+        :meth:`Support.scaled`); ``rinf_`` is scaled too.
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        out = type(self).from_params(self.center_, s * self.radius_)
+        out.rinf_ = s * self.rinf_
+        return out

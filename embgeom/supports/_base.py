@@ -227,6 +227,11 @@ def cvxpy_solve(problem, name: str) -> str:
     return solver
 
 
+def check_scale_factor(factor) -> float:
+    """``factor`` as a float if it is > 0 and finite, else ``ValueError``/``TypeError``."""
+    return check_positive(factor, "factor")
+
+
 # --------------------------------------------------------------------------------------------
 # base class
 # --------------------------------------------------------------------------------------------
@@ -549,3 +554,32 @@ class Support(OutlierMixin, BaseEstimator):
                 f"center='origin' is only for the ball (and the cone, always at the origin), not {cls.shape!r}"
             )
         return cls(quantile=quantile, solver=solver, **kw)
+
+    # -- conformal calibration ----------------------------------------------------------------
+    def scaled(self, factor) -> "Support":
+        """The sublevel set ``{x : gauge(x) <= factor}`` as a new ready support.
+
+        For a ball, an ellipsoid, a box and the final-norm shell this is the homothety of ratio
+        ``factor`` about the centre; for a cone both the radius and the half-angle are multiplied
+        by ``factor`` (the half-angle capped at pi). Either way ``self.scaled(s).contains(X)``
+        is ``self.gauge(X) <= s`` (up to the relative slack), which is what split-conformal
+        calibration (:func:`embgeom.supports.calibrate_support`) needs; the gauges themselves
+        satisfy ``self.scaled(s).gauge(X) == self.gauge(X) / s`` except for a cone whose
+        half-angle was capped.
+
+        Parameters
+        ----------
+        factor : float
+            > 0 and finite.
+
+        Returns
+        -------
+        Support
+            A set built with ``from_params`` (``fit`` on it raises ``ValueError``).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0``, NaN/inf or not a number; ``NotFittedError`` before a fit.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot be scaled")

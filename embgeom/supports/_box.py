@@ -11,6 +11,7 @@ from .._special import _log_kappa, log1p_ratio, log_binomial_row, log_elementary
 from .._validation import check_array, check_positive, check_probability, check_seed
 from ._base import BoxRegion, Support, normalise, refuse_degenerate, trim, unscale, vector_norm
 from ._volumetric import circumball_terms
+from ._base import check_scale_factor
 
 __all__ = ["Box"]
 
@@ -333,3 +334,18 @@ class Box(Support):
         if center == "origin":
             raise ValueError("center='origin' is only for the ball (and the cone, always at the origin), not 'box'")
         return cls(quantile=quantile, **kw)
+
+    def scaled(self, factor) -> "Box":
+        """The box with the same centre, rotation and axes, every side times ``factor`` (see
+        :meth:`Support.scaled`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        mid = 0.5 * (self.lower_ + self.upper_)
+        half = 0.5 * (self.upper_ - self.lower_)
+        return type(self).from_params(mid - s * half, mid + s * half, self.rotation_)

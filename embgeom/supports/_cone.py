@@ -25,6 +25,7 @@ from ._base import (
     vector_norm,
 )
 from ._volumetric import circumball_terms
+from ._base import check_scale_factor
 
 __all__ = ["Cone"]
 
@@ -445,3 +446,17 @@ class Cone(Support):
     def _from_fit_options(cls, *, center, quantile, solver, **kw):
         # the apex is always the origin: either centering is accepted
         return cls(quantile=quantile, solver=solver, **kw)
+
+    def scaled(self, factor) -> "Cone":
+        """The cone ``{x : |x| <= factor r, angle(x, axis) <= min(pi, factor alpha)}`` (see
+        :meth:`Support.scaled`: the sublevel set of the gauge ``max(|x|/r, angle/alpha)``).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        return type(self).from_params(self.axis_, min(math.pi, s * self.half_angle_),
+                                      s * self.radius_)

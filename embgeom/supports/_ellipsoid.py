@@ -23,6 +23,7 @@ from ._base import (
 )
 from ._mvee import mvee
 from ._volumetric import circumball_terms, ellipsoid_terms, is_axis_aligned
+from ._base import check_scale_factor
 
 __all__ = ["Ellipsoid"]
 
@@ -441,3 +442,16 @@ class Ellipsoid(Support):
             "ridge": self.ridge_,
             "affine_rank": self.affine_rank_,
         }
+
+    def scaled(self, factor) -> "Ellipsoid":
+        """The ellipsoid with the same centre and axes, semi-axes times ``factor`` (shape
+        matrix ``A / factor^2``; see :meth:`Support.scaled`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        return type(self).from_params(self.center_, self.shape_matrix_ / (s * s))

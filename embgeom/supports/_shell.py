@@ -16,6 +16,7 @@ from ._volumetric import (
     ellipsoid_terms,
     log_enclosing_ellipsoid_ratio,
 )
+from ._base import check_scale_factor
 
 __all__ = ["FinalNormShell", "support_from_final_norm"]
 
@@ -394,6 +395,19 @@ class FinalNormShell(Support):
     @classmethod
     def _from_fit_options(cls, **kw):
         raise ValueError("shape='final_norm' is not a fit: use support_from_final_norm(unembedding)")
+
+    def scaled(self, factor) -> "FinalNormShell":
+        """The shell with the gain times ``factor`` (the homothety about the bias, or the
+        origin; see :meth:`Support.scaled`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        return type(self).from_params(self.kind_, s * self.gain_, self.bias_, self.eps_)
 
 
 def support_from_final_norm(unembedding) -> FinalNormShell:

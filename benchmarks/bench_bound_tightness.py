@@ -221,7 +221,7 @@ def main(argv=None):
             results.append(run_model(name, args, cram_files))
         except Exception:
             print(f"{name}: failed\n{traceback.format_exc()}")
-    print("\nNote: 'C paper formula' is THEORY.md's formula (an approximation for the rotated box, "
+    print("\nNote: 'C paper formula' is the paper's formula (docs/theory.md, section 4) (an approximation for the rotated box, "
           "ellipsoid and cone); 'C rigorous' is the smallest proven volumetric bound on the "
           "packing number (docs/theory.md). A ratio below 1 is flagged BROKEN: that column "
           "is not a valid upper bound on what cramming reaches. The lambda-refined column is the "

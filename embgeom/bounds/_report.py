@@ -188,7 +188,7 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
           "C = log P / log|V| in tokens per prompt vector (rigorous bound on log P unless the "
           "column says 'paper formula'); refined: log P / lambda (heuristic, typical sequences). "
           "A support marked not held-out valid missed fresh hidden states: its C is no bound. "
-          + ("C_emp: the published empirical slope (THEORY.md)." if c_emp else
+          + ("C_emp: the published empirical slope (docs/paper.md)." if c_emp else
              "C / C_emp: no published empirical slope for this model (run `embgeom cram` for "
              "ours)."), "",
           _md_table(["support", "shape", "held-out valid", "log P (nats)", "C paper formula", "C rigorous",

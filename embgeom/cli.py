@@ -443,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     # torch's OpenMP threads spin while they wait; passive waits keep a busy machine usable.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not _progress(args):
+        # the bars of the libraries underneath (transformers' "Writing model shards", the GGUF
+        # loader's): huggingface_hub's switch, which transformers reads on import, and tqdm's
+        # own default for bars that do not pass disable= themselves
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")
     _setup_logging(args)
     handlers = {"report": _cmd_report, "cram": _cmd_cram, "copy": _cmd_copy}
     try:

@@ -8,6 +8,13 @@ import pytest
 from embgeom.cli import main
 
 
+@pytest.fixture(autouse=True)
+def _restore_progress_env(monkeypatch):
+    """main() switches the libraries' bars off through the environment: undo it after each test."""
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def _run(capsys, argv):
     with pytest.raises(SystemExit) as exc:
         rc = main(argv)
@@ -269,6 +276,15 @@ def test_progress_is_off_when_stderr_is_not_a_terminal(monkeypatch, tmp_path):
     seen = _fake_cram(monkeypatch, lambda: {"summary_lines": ["ok"]})
     assert main(["cram", "--out", str(tmp_path / "c")]) == 0
     assert seen["progress"] is False  # pytest captures stderr: not a terminal
+
+
+def test_library_bars_are_switched_off_with_ours(monkeypatch, tmp_path):
+    """transformers' and the GGUF loader's own bars (e.g. "Writing model shards") follow ours."""
+    import os
+
+    _fake_cram(monkeypatch, lambda: {"summary_lines": ["ok"]})
+    assert main(["cram", "--out", str(tmp_path / "c")]) == 0
+    assert os.environ["TQDM_DISABLE"] == "1" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
 
 
 def test_progress_helper():

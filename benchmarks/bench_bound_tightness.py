@@ -247,7 +247,7 @@ def main(argv=None):
                                  kwargs={"args": args, "cram_files": cram_files}, progress=False,
                                  on_result=lambda name, r: print(r[0], end="", flush=True))
     results = [r for _, r in out.values() if r is not None]
-    print("\nNote: 'C paper formula' is THEORY.md's formula (an approximation for the rotated box, "
+    print("\nNote: 'C paper formula' is the paper's formula (docs/theory.md, section 4) (an approximation for the rotated box, "
           "ellipsoid and cone); 'C rigorous' is the smallest proven volumetric bound on the "
           "packing number (docs/theory.md). A ratio below 1 is flagged BROKEN: that column "
           "is not a valid upper bound on what cramming reaches. The lambda-refined column is the "

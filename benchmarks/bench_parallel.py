@@ -45,7 +45,7 @@ from embgeom.parallel import RayExecutor  # noqa: E402
 from embgeom.supports import Ball  # noqa: E402
 from embgeom.volumes import cell_volumes  # noqa: E402
 
-GEMMA_V, GEMMA_D = 262_144, 640  # Gemma-3-270m (THEORY.md)
+GEMMA_V, GEMMA_D = 262_144, 640  # Gemma-3-270m (docs/paper.md)
 
 
 def timed(fn):

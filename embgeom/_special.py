@@ -156,7 +156,7 @@ def log_cap_fraction(half_angle, d: int):
     Math. Stat. 4 (2011)), and ``1 - f(pi - alpha)`` for ``alpha > pi/2``. Computed in logs: where
     ``betainc`` underflows (tiny caps in high ``d``) a log-space series
     (:func:`log_betainc_small`) takes over, so ``d = 576``, ``alpha = 0.3`` is finite. This is the
-    paper's cone refinement (THEORY.md).
+    paper's cone refinement (docs/theory.md, section 4.4).
 
     Parameters
     ----------

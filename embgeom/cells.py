@@ -7,7 +7,7 @@ nearest-row (Voronoi) diagram of the rows of ``W``::
 
     argmax_t (w_t . h + b_t) = argmin_t (|h - w_t|^2 - |w_t|^2 - 2 b_t)
 
-(THEORY.md, "Decoder cells"), so the two partitions agree only when every ``|w_t|^2 + 2 b_t`` is
+(docs/theory.md, section 1 "Cells, and the power diagram behind them"), so the two partitions agree only when every ``|w_t|^2 + 2 b_t`` is
 the same. ``method="nearest"`` of :meth:`Decoder.assign` exists for comparison with earlier work
 that estimated "Voronoi" volumes.
 
@@ -109,8 +109,13 @@ class Decoder:
     >>> import numpy as np
     >>> from embgeom.cells import Decoder
     >>> dec = Decoder(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=np.float32))
-    >>> dec.assign(np.array([[2.0, 1.0], [0.0, -3.0], [1.0, 1.0]])).tolist()
-    [0, 2, 0]
+    >>> dec.assign(np.array([[2.0, 1.0], [-2.0, -3.0], [0.5, 1.0]])).tolist()
+    [0, 2, 1]
+
+    A tie (here all three logits are 0) goes to the lowest token id:
+
+    >>> dec.assign(np.zeros((1, 2))).tolist()
+    [0]
     """
 
     def __init__(self, W, bias=None, *, point_block: int = POINT_BLOCK, vocab_block: int = VOCAB_BLOCK):

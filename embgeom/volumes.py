@@ -6,7 +6,7 @@ estimates ``vol(E_t ∩ S) / vol(S)``. Counts are multinomial, so each token's c
 ``Binomial(n, p_t)`` and gets an exact (Clopper-Pearson) or Wilson two-sided interval. Tokens with
 no hit keep an honest upper bound (``1 - (alpha/2)^(1/n)`` for Clopper-Pearson).
 
-These fractions feed the non-uniform-cell refinement of the paper (THEORY.md, "Refinements":
+These fractions feed the non-uniform-cell refinement of the paper (docs/theory.md, section 5 "The non-uniform-cell refinement and lambda":
 the per-token rate ``lambda``) and the cells section of the report.
 
 Reference: M. Meyer et al., "How Many Different Outputs Can a Transformer Generate?", ICML 2026,
@@ -314,7 +314,7 @@ def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
     With no bias every cell is a cone; when the support is an origin-centred ellipsoid ``G B``
     (``support.origin_ellipsoid_map()`` is not None) a cell's share of it is the standard
     Gaussian measure of ``G^{-1} E_t``, so Gaussian directions mapped by ``G`` give the same
-    estimate as uniform points (THEORY.md). Returns ``(directions, G32)`` with ``G32`` the
+    estimate as uniform points (docs/theory.md, section 1). Returns ``(directions, G32)`` with ``G32`` the
     float32 ``G.T`` to right-multiply rows by, or None when ``G`` is a positive multiple of the
     identity (no map needed: the cells are scale-invariant).
     """
@@ -438,7 +438,7 @@ def cell_volumes(
     When the decoder has no bias and the support is an origin-centred ellipsoid ``G B``
     (``support.origin_ellipsoid_map()`` returns ``G``: an origin-centred ball or ellipsoid, the
     final-norm shell without bias), every cell is a cone with apex at the origin and its share of
-    ``G B`` is the Gaussian measure of ``{x : G x in the cell}`` (THEORY.md, "Decoder cells"):
+    ``G B`` is the Gaussian measure of ``{x : G x in the cell}`` (docs/theory.md, section 1 "Cells, and the power diagram behind them"):
     then only Gaussian directions are drawn (float32) and mapped by ``G`` (not at all when ``G``
     is a multiple of the identity, the ball), the same estimate more cheaply
     (``sampling="directions"``).

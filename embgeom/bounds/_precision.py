@@ -69,7 +69,7 @@ def precision_eps(radius, dtype_or_bits) -> float:
 
     Notes
     -----
-    The paper's convention ``eps = r_inf 2^-11`` (THEORY.md, "Precision") is ``bits=11``. With
+    The paper's convention ``eps = r_inf 2^-11`` (docs/theory.md, section 2 "Supports and precision") is ``bits=11``. With
     ``p`` significant bits the spacing of floats near ``r`` is between ``r 2^-p`` and
     ``r 2^(1-p)``; ``r 2^-p`` is the smaller (so the count it gives is the larger, conservative).
 

@@ -692,6 +692,9 @@ def cram(
 
     Examples
     --------
+    Not run by the doctests (+SKIP): it loads the real model and runs 500 Adam steps (minutes);
+    tests/test_cramming.py crams tiny models instead.
+
     >>> from embgeom.adapters import load_model                     # doctest: +SKIP
     >>> lm = load_model("smollm2-135m")                              # doctest: +SKIP
     >>> T = sample_targets(lm, 16, 8, seed=0)                        # doctest: +SKIP

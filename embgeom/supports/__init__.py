@@ -1,7 +1,7 @@
 """Supports: bounded sets that hold the hidden states, fitted as minimum-volume enclosures.
 
 A *support* ``S`` is a bounded subset of ``R^d`` that contains the hidden states (or the prompt
-vectors) in practice. Its volume enters the packing-number bounds (THEORY.md, "Refinements"), and
+vectors) in practice. Its volume enters the packing-number bounds (docs/theory.md, section 4 "Packing bounds per support"), and
 it is the sampling region of the Monte Carlo cell volumes. Tighter support, tighter bound.
 
 Each shape is a scikit-learn estimator of the outlier-detector family (:class:`Support`:

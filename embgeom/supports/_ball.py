@@ -175,7 +175,7 @@ class Ball(Support):
     >>> import numpy as np
     >>> H = np.random.default_rng(0).standard_normal((200, 3))
     >>> ball = Ball().fit(H)
-    >>> bool(ball.contains(H).all()), int(ball.predict(10 * np.ones(3))[0])
+    >>> bool(ball.contains(H).all()), int(ball.predict(10 * np.ones((1, 3)))[0])
     (True, -1)
     """
 

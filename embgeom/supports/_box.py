@@ -88,7 +88,7 @@ class Box(Support):
     -----
     ``log_volume = sum_k log(upper_k - lower_k)`` (nats); a rotation preserves volume. The
     paper's box refinement ``log P <= sum_k log(1 + a_k / eps)`` uses the extents
-    ``a_k = upper_k - lower_k`` (THEORY.md).
+    ``a_k = upper_k - lower_k`` (docs/theory.md, section 4.2).
 
     Examples
     --------
@@ -295,7 +295,7 @@ class Box(Support):
         Returns
         -------
         dict
-            ``paper = sum_k log(1 + a_k/eps)`` (THEORY.md; rigorous, equal to ``vinf_box``, for an
+            ``paper = sum_k log(1 + a_k/eps)`` (docs/theory.md 4.2; rigorous, equal to ``vinf_box``, for an
             axis-aligned box). A rotated box adds ``vinf_box_rotated``
             ``sum_k log(a_k/eps + ||R_k||_1)``, ``v2_box_steiner`` and ``vinf_box_steiner``
             (Steiner formula), ``vinf_box_zonotope`` (Cauchy-Binet) and the circumscribed ball's

@@ -28,17 +28,6 @@ class FinalNormShell(Support):
     As an estimator, ``fit(X)`` reads nothing from ``X`` but its width: the set is given by the
     parameters (the norm's kind, gain, bias and eps); ``gain=None`` is the unit gain.
 
-    Parameters
-    ----------
-    kind : {"rmsnorm", "layernorm"}, default "rmsnorm"
-    gain : array_like of float, shape (d,), optional
-        The effective gain ``g`` (Gemma's ``1 + w`` already applied); ``None``: all ones, with
-        ``d`` taken from ``X`` in ``fit``. No zero entries.
-    bias : array_like of float, shape (d,), optional
-        The norm's bias ``b`` (LayerNorm); ``None``: no bias.
-    eps : float, default 0.0
-        The norm's epsilon (>= 0); recorded, it does not change the set (see below).
-
     Derivation (``h`` the output, ``g`` the effective gain, ``b`` the bias, ``eps`` the norm's
     epsilon, ``y_i = (h_i - b_i) / g_i``):
 
@@ -53,6 +42,17 @@ class FinalNormShell(Support):
 
     Strictly the image over all inputs is the solid ``sum y_i^2 <= d`` (``ms`` can be as small as
     one likes); the shell is where the hidden states are in practice.
+
+    Parameters
+    ----------
+    kind : {"rmsnorm", "layernorm"}, default "rmsnorm"
+    gain : array_like of float, shape (d,), optional
+        The effective gain ``g`` (Gemma's ``1 + w`` already applied); ``None``: all ones, with
+        ``d`` taken from ``X`` in ``fit``. No zero entries.
+    bias : array_like of float, shape (d,), optional
+        The norm's bias ``b`` (LayerNorm); ``None``: no bias.
+    eps : float, default 0.0
+        The norm's epsilon (>= 0); recorded, it does not change the set (see below).
 
     Attributes
     ----------

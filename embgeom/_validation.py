@@ -70,6 +70,22 @@ def _from_pandas(x, name: str, kinds: str):
     return x.to_numpy(dtype=np.int64)
 
 
+def _check_ndim_shape(arr: np.ndarray, name: str, ndim, shape) -> None:
+    """The one ndim / shape rule of :func:`check_array` and :func:`check_int_array`."""
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if arr.ndim not in allowed:
+            raise ValueError(
+                f"{name}: expected an array with ndim in {allowed}, got shape {arr.shape}"
+            )
+    if shape is not None:
+        if len(shape) != arr.ndim or any(
+            s is not None and s != a for s, a in zip(shape, arr.shape)
+        ):
+            want = tuple("any" if s is None else s for s in shape)
+            raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
+
+
 def check_array(
     x,
     name: str,
@@ -141,18 +157,7 @@ def check_array(
         )
     if arr.dtype.kind not in "f":
         raise TypeError(f"{name}: expected a real floating-point array, got dtype {arr.dtype}")
-    if ndim is not None:
-        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if arr.ndim not in allowed:
-            raise ValueError(
-                f"{name}: expected an array with ndim in {allowed}, got shape {arr.shape}"
-            )
-    if shape is not None:
-        if len(shape) != arr.ndim or any(
-            s is not None and s != a for s, a in zip(shape, arr.shape)
-        ):
-            want = tuple("any" if s is None else s for s in shape)
-            raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
+    _check_ndim_shape(arr, name, ndim, shape)
     if not allow_empty and arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
     if finite and arr.size and not np.isfinite(arr).all():
@@ -381,18 +386,7 @@ def check_int_array(
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
     if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype == np.float64):
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
-    if ndim is not None:
-        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if arr.ndim not in allowed:
-            raise ValueError(
-                f"{name}: expected an array with ndim in {allowed}, got shape {arr.shape}"
-            )
-    if shape is not None:
-        if len(shape) != arr.ndim or any(
-            s is not None and s != a for s, a in zip(shape, arr.shape)
-        ):
-            want = tuple("any" if s is None else s for s in shape)
-            raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
+    _check_ndim_shape(arr, name, ndim, shape)
     if arr.size and arr.dtype.kind == "u" and arr.dtype.itemsize >= 8 and int(arr.max()) > 2**63 - 1:
         raise ValueError(f"{name}: values beyond the int64 range")
     out = np.ascontiguousarray(arr, dtype=np.int64)

@@ -118,32 +118,18 @@ def _tiny_llama():
     return LlamaForCausalLM(cfg).eval()
 
 
-def test_cram_read_only_out_is_one_line_before_loading(capsys, tmp_path, monkeypatch):
+def test_cram_read_only_out_is_one_line_before_loading(capsys, read_only_folder, monkeypatch):
     """Issue 12, kind 6: an --out folder that cannot be written is refused before the model is
     loaded, in one line with exit code 2."""
-    import os
-
     from embgeom.cramming import _run as run_mod
 
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    if os.geteuid() == 0:  # root writes anywhere: make the probe meet a read-only folder
-        real_open = os.open
-
-        def ro_open(path, flags, *a):
-            if str(path).startswith(str(ro)) and flags & os.O_CREAT:
-                raise PermissionError(13, "Permission denied", str(path))
-            return real_open(path, flags, *a)
-
-        monkeypatch.setattr(run_mod.os, "open", ro_open)
+    ro = read_only_folder
     monkeypatch.setattr(run_mod, "_load", lambda name: (_ for _ in ()).throw(
         AssertionError("the model was loaded before --out was checked")))
     for out in (ro, ro / "sub"):
         code, err = _run(capsys, ["cram", "--out", str(out), "--lengths", "2"])
         assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert "cannot write" in err and str(ro) in err
-    ro.chmod(0o700)
 
 
 def test_cram_disk_errors_during_the_run_are_one_line(capsys, tmp_path, monkeypatch):

@@ -437,30 +437,16 @@ def test_accessibility_curve_refuses_unknown_cram_options(tiny):
         accessibility_curve(tiny, 1, [2], 2, progress=False, beta=(0.9, 0.9))
 
 
-def test_run_cram_refuses_a_folder_it_cannot_write(tmp_path, monkeypatch):
+def test_run_cram_refuses_a_folder_it_cannot_write(read_only_folder, monkeypatch):
     """Issue 12, kind 6: a read-only output folder is refused before the model is loaded."""
-    import os
-
     from embgeom.cramming import _run
 
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    if os.geteuid() == 0:  # root writes anywhere: make the probe meet a read-only folder
-        real_open = os.open
-
-        def ro_open(path, flags, *a):
-            if str(path).startswith(str(ro)) and flags & os.O_CREAT:
-                raise PermissionError(13, "Permission denied", str(path))
-            return real_open(path, flags, *a)
-
-        monkeypatch.setattr(_run.os, "open", ro_open)
+    ro = read_only_folder
     monkeypatch.setattr(_run, "_load", lambda name: (_ for _ in ()).throw(
         AssertionError("the model was loaded before the folder was checked")))
     for out in (ro, ro / "new" / "sub"):
         with pytest.raises(PermissionError, match="out_dir: cannot write in"):
             run_cram("tiny", [1], out, lengths=[2], n_targets=1, steps=1, progress=False)
-    ro.chmod(0o700)
     assert list(ro.iterdir()) == []  # no probe file left behind
 
 

@@ -326,7 +326,8 @@ def test_no_overflow_large_model():
     lc = B.theorem45_log_count(d, m, r, eps)
     assert np.isfinite(lc) and lc == pytest.approx(d * m * math.log(4097))
     supports = [make_ball(np.zeros(d), r), Box.from_params(-r * np.ones(d), r * np.ones(d)),
-                make_ellipsoid(np.linspace(r, 0.01, d)), make_cone(d, 1.0, r),
+                Ellipsoid.from_params(np.zeros(d), semi_axes=np.linspace(r, 0.01, d)),
+                make_cone(d, 1.0, r),
                 make_cone(d, 2.5, r), make_shell("rmsnorm", np.linspace(0.1, 2.0, d))]
     for s in supports:
         lp = B.log_packing_number(s, eps)

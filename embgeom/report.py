@@ -341,8 +341,7 @@ def _bounds_phase(loaded, u, model_facts, fitted, valid, geo, sup_section, cell_
 
     published = bounds.PUBLISHED.get(loaded.name, {})
     return bounds.bounds_report_section(
-        model_facts, fitted, rinf=geo["rinf_max"], fractions=cell_result.fractions,
-        lower=cell_result.lower, upper=cell_result.upper,
+        model_facts, fitted, rinf=geo["rinf_max"], fractions=cell_result,
         published_c_emp=published.get("c_emp"), out_dir=out, dtype=u.dtype,
         n_samples=cell_result.n_samples,
         valid=set(valid) | ({"cube"} if sup_section["heldout"]["cube_contained"]

@@ -570,7 +570,7 @@ def test_rate_from_logs_nan_outside_sample_unresolved_and_empty():
     assert e.n_empty == 1 and np.all(e.log_median <= f.log_median + 1e-12)
 
 
-def test_cell_volume_rate_accepts_cell_volumes():
+def test_cell_volume_rate_accepts_cell_volumes(tmp_path):
     from embgeom.supports import Ball as B_
     from embgeom.cells import Decoder
     from embgeom.volumes import cell_volumes
@@ -584,6 +584,10 @@ def test_cell_volume_rate_accepts_cell_volumes():
     ref = B.cell_volume_rate_from_logs(cv.log_fractions, 6, log_lower=cv.log_lower,
                                        log_upper=cv.log_upper, n_boot=10)
     assert r.rate == ref.rate and r.rate_ci == ref.rate_ci and r.zero_fill == "none"
+    sec = B.bounds_report_section({"hidden_size": 3, "vocab_size": 6}, {}, rinf=1.0, fractions=cv,
+                                  out_dir=tmp_path)
+    assert sec["rate_lambda"] == B.cell_volume_rate(cv, n_boot=1).rate
+    assert "per-token Monte Carlo error" in sec["markdown"]
     cu = cell_volumes(Decoder(W), ball, 2000, seed=0, method="uniform", progress=False)
     assert B.cell_volume_rate(cu, 6).rate == B.cell_volume_rate(cu.fractions, 6, lower=cu.lower,
                                                                   upper=cu.upper, n_samples=2000).rate

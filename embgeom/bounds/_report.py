@@ -99,7 +99,10 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         ``"cube"`` column and ``eps`` is derived from it.
     fractions, lower, upper : array_like of float, shape (|V|,), optional
         Cell-volume fractions and their Monte Carlo interval ends; with them the refined slopes
-        ``C log|V| / lambda`` are computed.
+        ``C log|V| / lambda`` are computed. ``fractions`` may also be an
+        :class:`embgeom.volumes.CellVolumes`: with rare-event log-shares lambda comes from them
+        (:func:`cell_volume_rate_from_logs`, with its bootstrap interval), else from its
+        uniform fractions and intervals (``lower``/``upper``/``n_samples`` then unused).
     published_c_emp : float, optional
         Empirical slope (tokens per prompt vector) to compare against.
     out_dir : str or Path
@@ -194,9 +197,19 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
           _md_table(["support", "shape", "held-out valid", "log P (nats)", "C paper formula", "C rigorous",
                      f"C ({dtype} eps)", "C refined", "C / C_emp", "C refined / C_emp"], rows), ""]
     if rate is not None:
+        if rate.rate_ci is not None:
+            how = (f"{int(round(100 * rate.ci_level))}% interval [{rate.rate_ci[0]:.4g}, "
+                   f"{rate.rate_ci[1]:.4g}] ({'; '.join(rate.ci_includes)}); from "
+                   + (f"a uniform sample of {rate.n_tokens_used:,} tokens" if rate.token_sample
+                      else "every token") + f"'s log-shares, {rate.n_unresolved} unresolved, "
+                   f"{rate.n_empty} proven empty")
+        else:
+            how = (f"{rate.n_zero} zero fractions filled by {rate.zero_fill}"
+                   + (f", then renormalised (the filled sum was {math.exp(rate.log_total):.3g})"
+                      if rate.normalized and rate.n_zero else ""))
         md.append(f"lambda = {rate.rate:.4g} nats/token (R^2 {rate.r2:.4f}; conservative "
                   f"{rate.rate_conservative:.4g}; asymptotic -mean log f = {rate.rate_asymptotic:.4g}; "
-                  f"{rate.n_zero} zero fractions filled by {rate.zero_fill}) vs log|V| = {logV:.4g}.")
+                  f"{how}) vs log|V| = {logV:.4g}.")
     md.append(f"Cor. 4.10 (mean-field, weights at 2^-11): N = {thr['n_threshold']:.4g} tokens "
               f"for the {tight} support.")
     md += ["", "n*(m) for m = " + ", ".join(map(str, m_values)) + ":", "",

@@ -1,7 +1,8 @@
 """Cell-assignment throughput on SmolLM2's real unembedding (49152 x 576), in one run.
 
 Prints points per second (median of ``--reps`` interleaved rounds) for
-  Decoder.assign            ours: blocked float32 product + numba running argmax (default blocks)
+  Decoder.assign            ours: blocked float32 product + numba running argmax (default blocks;
+                            ``--assign-blocks`` adds other block shapes of the same code)
   cell_volumes (uniform)    Gaussian directions + assign + count, origin ball
   blocked GEMM alone        np.matmul(X[p:p+nb], W.T, out=buf) with buf (nb, |V|) preallocated:
                             the full vocabulary per block, nb points per block chosen so that the
@@ -155,7 +156,13 @@ def throughput(args, W) -> dict:
         return bi
 
     full_out = np.empty((n, V), dtype=np.float32)
-    timers = {"Decoder.assign": lambda: dec.assign(X),
+    timers = {"Decoder.assign": lambda: dec.assign(X)}
+    for spec in args.assign_blocks:  # other block shapes of the same code (constructor arguments)
+        pb, vb = (int(v) for v in spec.lower().split("x"))
+        dd = Decoder(W, point_block=pb, vocab_block=min(vb, V))
+        dd.assign(X[:8])
+        timers[f"Decoder.assign {pb}x{min(vb, V)}"] = (lambda dd=dd: dd.assign(X))
+    timers |= {
               "cell_volumes (uniform)": lambda: cell_volumes(dec, ball, n, seed=0, batch_size=n,
                                                              progress=False, method="uniform")}
     for nb in args.nb:
@@ -252,7 +259,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2048, help="points per timed call")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--nb", type=int, nargs="+", default=[32, 64, 128, 256],
+    ap.add_argument("--assign-blocks", nargs="*", default=["256x49152"],
+                    help="extra Decoder.assign block shapes, point_block x vocab_block")
+    ap.add_argument("--nb", type=int, nargs="+", default=[128, 256, 1024],
                     help="points per block of the full-vocabulary blocked GEMM (output nb x |V| float32)")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--sweep", action="store_true")

@@ -189,8 +189,7 @@ def summarize(args, lm, u) -> dict:
         name = "final_norm" if shell else "ball_origin"
         logs_for_plot[name] = ls[fin]
         res["supports"][name] = {
-            "support": header["support"] if header else name, "run_file": str(path.relative_to(ROOT)
-                                                                              if path.is_absolute() else path),
+            "support": header["support"] if header else name, "run_file": os.path.relpath(path, ROOT),
             "tokens_done": len(toks), "tokens_requested": args.tokens,
             "complete": len(toks) >= args.tokens, "chains": args.chains, "seed": args.seed,
             "token_seed": args.token_seed,

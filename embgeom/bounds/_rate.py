@@ -396,7 +396,7 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     ks = np.arange(1, k_max + 1)
 
     def rate_of(vals: np.ndarray):
-        if normalize:
+        if normalize and vals.sum() > 0:
             vals = vals / vals.sum()
         with np.errstate(divide="ignore"):
             x = np.log(vals)

@@ -198,10 +198,11 @@ def summarize(args, lm, u) -> dict:
             "log_share_quantiles": {q: float(np.quantile(ls[fin], float(q))) for q in ("0.01", "0.1", "0.5", "0.9", "0.99")},
             "median_interval_width": float(np.median((hi - lo)[fin])),
             "resolved_1nat": float(np.mean((hi - lo)[fin] <= 1.0)),
-            "cpu_seconds_per_token": float(np.mean(secs)), "wall_seconds_total": float(secs.sum()),
+            "wall_seconds_per_token": float(np.mean(secs)), "wall_seconds_total": float(secs.sum()),
             "lambda": rate.rate, "lambda_interval": list(rate.rate_ci) if rate.rate_ci else None,
             "lambda_interval_includes": rate.ci_includes, "lambda_conservative": rate.rate_conservative,
             "lambda_asymptotic": rate.rate_asymptotic, "log_total": rate.log_total,
+            "log_total_interval": list(rate.log_total_ci) if rate.log_total_ci else None,
             "rate": rate.to_dict(),
         }
     if not res["supports"]:
@@ -285,7 +286,8 @@ def main(argv=None):
         print(f"{name}: {s['tokens_done']} tokens, lambda = {s['lambda']:.3f} nats/token, "
               f"{int(100 * s['rate']['ci_level'])}% interval [{ci[0]:.3f}, {ci[1]:.3f}] "
               f"({'; '.join(s['lambda_interval_includes'])}), asymptotic {s['lambda_asymptotic']:.3f}, "
-              f"median log-share {s['median_log_share']:.2f}")
+              f"median log-share {s['median_log_share']:.2f}; log of the estimated sum of shares "
+              f"{s['log_total']:.2f} {s['log_total_interval']}")
     g = res["geometry"]
     print(f"eps = precision_eps(r_inf={g['r_inf']:.4g}, 11) = {g['eps']:.4g}")
     for name, c in res["C"].items():

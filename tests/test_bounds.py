@@ -520,7 +520,7 @@ def test_rate_from_logs_sample_estimates_vocabulary_rate_with_covering_interval(
     logf -= special.logsumexp(logf)
     truth = B.cell_volume_rate_from_logs(logf, k_max, n_boot=0, normalize=False).rate
     assert truth > math.log(V) + 1.0  # unequal cells
-    cover, errs, ses = [], [], []
+    cover, errs, ses, total_cover = [], [], [], []
     for s in range(20):
         idx = np.random.default_rng(100 + s).choice(V, n, replace=False)
         r = B.cell_volume_rate_from_logs(logf[idx], k_max, vocab_size=V, n_boot=60, confidence=0.9,
@@ -529,7 +529,8 @@ def test_rate_from_logs_sample_estimates_vocabulary_rate_with_covering_interval(
         cover.append(r.rate_ci[0] <= truth <= r.rate_ci[1])
         errs.append(r.rate - truth)
         ses.append(r.rate_bootstrap[1])
-    assert np.mean(cover) >= 0.7
+        total_cover.append(r.log_total_ci[0] <= 0.0 <= r.log_total_ci[1])  # the true sum is 1
+    assert np.mean(cover) >= 0.7 and np.mean(total_cover) >= 0.6
     assert 0.03 < np.median(ses) < 0.2  # about sd(log f) / sqrt(n) = 2 / 32
     assert np.sqrt(np.mean(np.square(errs))) < 2 * np.median(ses)
 

@@ -68,6 +68,9 @@ class CellVolumeRate:
         Tokens whose estimator gave up (only an upper end): their upper end stands in.
     n_empty : int
         Tokens whose cell is proven empty (share 0, log-share ``-inf``).
+    log_total_ci : tuple of float or None
+        ``ci_level`` bootstrap interval of ``log_total`` (same replicates as ``rate_ci``): where
+        it excludes 0 the per-token estimates are off as a whole (or the sample is unlucky).
     """
 
     rate: float
@@ -97,6 +100,7 @@ class CellVolumeRate:
     ci_includes: list = field(default_factory=list)
     n_unresolved: int = 0
     n_empty: int = 0
+    log_total_ci: tuple | None = None
 
     @property
     def rate_conservative(self) -> float:
@@ -530,7 +534,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     CellVolumeRate
         ``rate`` (lambda), ``rate_ci`` with ``ci_includes``, ``rate_asymptotic`` (``-mean log
         f``), ``log_total``, ``token_sample``, ``n_tokens_used``, ``vocab_size``,
-        ``log_vocab = log|V|``, ``n_unresolved``, ``n_empty``; ``n_zero`` is 0 and
+        ``log_total_ci``, ``log_vocab = log|V|``, ``n_unresolved``, ``n_empty``; ``n_zero`` is 0 and
         ``zero_fill`` ``"none"``; ``rate_interval`` is None (see Notes).
 
     Raises
@@ -605,7 +609,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     slope, icpt, r2, s0, r20 = _fit_rate(ks, -point)
     bracket = (_fit_rate(ks, -high)[0], _fit_rate(ks, -low)[0])
 
-    boot, ci, includes = None, None, []
+    boot, ci, includes, total_ci = None, None, [], None
     if n_boot > 0:
         from scipy import stats
 
@@ -622,6 +626,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
         if norm:
             includes.append("renormalisation (each replicate divided by its own estimated sum)")
         vals = np.empty(n_boot)
+        totals = np.empty(n_boot)
         for b in range(n_boot):
             idx = rng.integers(0, n, n) if sample else np.arange(n)
             xb = x[idx]
@@ -631,12 +636,14 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
                 xb = np.where(np.isneginf(x[idx]), -np.inf, xb)
             # replicates on a coarser grid (<= 1024 atoms: a few hundredths of a nat per atom on
             # real models, far below the sampling spread) and exact only at k = 1: the cost
+            totals[b] = log_total_of(xb)
             pb = _median_curve(prep(xb), k_max, min(max_support, 1024), min(exact_limit, n),
                                which=("point",))[0]
             vals[b] = _fit_rate(ks, -pb)[0]
         alpha = 1.0 - float(confidence)
         ci = (float(np.quantile(vals, alpha / 2)), float(np.quantile(vals, 1 - alpha / 2)))
         boot = (float(np.mean(vals)), float(np.std(vals, ddof=1)) if n_boot > 1 else 0.0)
+        total_ci = (float(np.quantile(totals, alpha / 2)), float(np.quantile(totals, 1 - alpha / 2)))
     with np.errstate(invalid="ignore"):
         asym = float(-np.mean(xn))
     return CellVolumeRate(
@@ -646,5 +653,5 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
         n_zero=0, zero_fill="none", exact_k=exact_k, vocab_size=int(V), n_tokens_used=int(n),
         token_sample=bool(sample), normalized=bool(norm), log_total=log_total_of(x),
         rate_ci=ci, ci_level=float(confidence) if ci else None, ci_includes=includes,
-        n_unresolved=int(unresolved.sum()), n_empty=int(empty.sum()),
+        n_unresolved=int(unresolved.sum()), n_empty=int(empty.sum()), log_total_ci=total_ci,
     )

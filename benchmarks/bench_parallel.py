@@ -4,32 +4,27 @@ Prints, on SmolLM2-135M's unembedding (49,152 x 576 float32, 113 MB):
 
   Ray start-up    import ray + ray.init of a local 2-CPU cluster, then the first tasks (worker
                   processes start and import embgeom), each shown on its own line
-  ray.put         storing the Decoder (its W) in the object store once
-  unargmaxable    the exact scan of a seeded random subset of tokens (default 2,048): one
-                  serial call (BLAS on every core: the strongest simple baseline) vs the token
-                  chunks (default 2 of 1,024: one per worker) on Ray with 2 workers; the scan's per-chunk set-up
-                  (distinct rows, whitening) is timed alone, serially and in a worker
-  cell volumes    uniform cell-volume counts (default 32,768 Gaussian directions in 4 chunks):
-                  serial cell_volumes vs the chunked counts on Ray with 2 workers (bit-identical,
-                  checked)
+  unargmaxable    Decoder.unargmaxable on a seeded random subset of tokens (default 2,048): the
+                  local executor (one process, BLAS on every core: the strongest simple
+                  baseline) vs executor=Ray with 2 workers (chunks of --chunk tokens, default
+                  512: 4 witness tasks); its phases (set-up once on the driver, ray.put of the
+                  set-up, witness tasks, LP tasks) timed apart from the result's phase_seconds
+  cell volumes    cell_volumes (default 32,768 Gaussian directions, 4 blocks of 8,192):
+                  local vs Ray with 2 workers (bit-identical counts, checked)
 
 and a paper calculation of the wall time of Gemma-3-270m's full vocabulary (262,144 tokens,
-d = 640) on N machines like this one, from the measured per-token cost scaled by |V| d (each
-witness check and each LP row is a product with every row of W) and the measured per-chunk
-set-up scaled by |V| d^2 (the whitening covariance).
+d = 640) on N machines like this one, from the measured per-token worker cost scaled by |V| d
+(each witness check and each LP row is a product with every row of W), the set-up scaled by
+|V| d^2 (the whitening covariance) and the put scaled by |V| d.
 
 The workers run one BLAS thread each (Ray sets OMP_NUM_THREADS to a task's num_cpus); the
 serial runs use every core. This machine has 2 cores shared with other jobs: the numbers are
 noisy (2x between runs is common), and 2 workers on 2 cores can at best match a serial run
-whose BLAS already uses both cores; the point of Ray is the N-machine column.
-
-Measured here (Ray 2.60.0, load average 9-12, defaults): Ray start-up 13.2 s + worker warm-up
-5.6 s, ray.put 0.11 s; unargmaxable 2,048 tokens 15.4 s serial vs 5.6 s on 2 workers; cell
-volumes 32,768 points 73.7 s vs 40.1 s; identical results; Gemma's full vocabulary about 0.7 h
-on one such machine, 0.05 h on 16 (table and caveats in docs/parallel.md).
+whose BLAS already uses both cores; the point of Ray is the N-machine column. Figures of the
+last run: docs/parallel.md.
 
 Usage:
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_parallel.py [--tokens 2048] [--chunk 1024]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_parallel.py [--tokens 2048] [--chunk 512]
         [--n-samples 32768] [--batch 8192] [--json out.json] [--w-npy W.npy]
 """
 
@@ -45,13 +40,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from embgeom._parallel_workloads import cell_volume_counts, unargmaxable_chunked  # noqa: E402
 from embgeom.cells import Decoder  # noqa: E402
 from embgeom.parallel import RayExecutor  # noqa: E402
 from embgeom.supports import Ball  # noqa: E402
 from embgeom.volumes import cell_volumes  # noqa: E402
 
-GEMMA_V, GEMMA_D = 262_144, 640  # Gemma-3-270m (THEORY.md)
+GEMMA_V, GEMMA_D = 262_144, 640  # Gemma-3-270m (docs/paper.md)
 
 
 def timed(fn):
@@ -63,7 +57,7 @@ def timed(fn):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=2048, help="tokens of the unargmaxable subset")
-    ap.add_argument("--chunk", type=int, default=1024, help="tokens per unargmaxable task")
+    ap.add_argument("--chunk", type=int, default=512, help="tokens per unargmaxable witness task")
     ap.add_argument("--n-samples", type=int, default=32_768, help="cell-volume points")
     ap.add_argument("--batch", type=int, default=8192, help="cell-volume points per task")
     ap.add_argument("--seed", type=int, default=0)
@@ -91,48 +85,46 @@ def main(argv=None):
 
     # ---------------------------------------------------------------- serial baselines
     dec.unargmaxable(tokens=subset[:1], progress=False)  # numba kernels loaded, caches warm
-    _, t_setup = timed(lambda: dec.unargmaxable(tokens=subset[:1], progress=False))
-    ser, t_ser = timed(lambda: dec.unargmaxable(tokens=subset, progress=False))
+    ser, t_ser = timed(lambda: dec.unargmaxable(tokens=subset, chunk_size=args.chunk, progress=False))
     cv_ser, t_cv_ser = timed(lambda: cell_volumes(dec, ball, args.n_samples, seed=args.seed,
                                                   batch_size=args.batch, progress=False))
 
     # ---------------------------------------------------------------- Ray, 2 workers
-    ex = RayExecutor(num_cpus=1, init_kwargs={"num_cpus": 2, "include_dashboard": False,
+    workers = 2
+    ex = RayExecutor(num_cpus=1, init_kwargs={"num_cpus": workers, "include_dashboard": False,
                                               "log_to_driver": False})
     try:
         ex.start()
         t_init = ex.startup_seconds_
         tiny = Decoder(np.eye(4, dtype=np.float32))
-        _, t_warm = timed(lambda: cell_volume_counts(tiny, Ball.from_params(None, 1.0, dim=4), 2, 0, batch_size=1,
-                                                     executor=ex, progress=False))
-        _, t_put = timed(lambda: ex.put(dec))
-        # a worker's per-chunk set-up (1 BLAS thread): 1-token chunks, the second round warm
-        for _ in range(2):
-            one = unargmaxable_chunked(dec, tokens=subset[:2], chunk_size=1, executor=ex, progress=False)
-        setup_w = min(one.extra["chunk_seconds"])
-        ray_un, t_ray_un = timed(lambda: unargmaxable_chunked(dec, tokens=subset, chunk_size=args.chunk,
-                                                              executor=ex, progress=False))
-        cv_ray, t_cv_ray = timed(lambda: cell_volume_counts(dec, ball, args.n_samples, args.seed,
-                                                            batch_size=args.batch, executor=ex, progress=False))
+        _, t_warm = timed(lambda: [cell_volumes(tiny, Ball.from_params(None, 1.0, dim=4), 2 * 8192, seed=0,
+                                                batch_size=8192, executor=ex, progress=False)
+                                   for _ in range(2)])  # 2 tasks, twice: both workers started
+        ray_un, t_ray_un = timed(lambda: dec.unargmaxable(tokens=subset, chunk_size=args.chunk,
+                                                          executor=ex, progress=False))
+        cv_ray, t_cv_ray = timed(lambda: cell_volumes(dec, ball, args.n_samples, seed=args.seed,
+                                                      batch_size=args.batch, executor=ex, progress=False))
     finally:
         ex.close()
-    # the verdicts are exact: the chunked Ray scan must find the same unargmaxable tokens
-    same_un = bool(np.array_equal(ray_un.tokens, ser.tokens) and ray_un.n_undecided == ser.n_undecided == 0)
-    same_cv = bool(np.array_equal(cv_ray, cv_ser.counts))
+    # exact verdicts, and chunks aligned with the serial batches: identical status codes
+    same_un = bool(np.array_equal(ray_un.status, ser.status) and ray_un.n_undecided == ser.n_undecided == 0)
+    same_cv = bool(np.array_equal(cv_ray.counts, cv_ser.counts))
+    ph_ser, ph_ray = ser.extra["phase_seconds"], ray_un.extra["phase_seconds"]
 
-    n_chunks = -(-args.tokens // args.chunk)
+    n_wit = -(-args.tokens // args.chunk)
     rows += [
         ("Ray start-up (import ray + ray.init, 2-CPU local cluster)", t_init, ""),
-        ("Ray worker warm-up (first 2 tasks: processes + imports)", t_warm, ""),
-        (f"ray.put of the Decoder ({dec.W_.nbytes / 1e6:.0f} MB), once per map", t_put, ""),
-        ("unargmaxable scan set-up alone (1 token), serial", t_setup, ""),
-        ("unargmaxable scan set-up alone (1 token), in a Ray worker", setup_w, ""),
-        (f"unargmaxable {args.tokens} tok: serial, one call", t_ser, f"{1e3 * t_ser / args.tokens:.2f} ms/tok"),
-        (f"unargmaxable {args.tokens} tok: {n_chunks} chunks, Ray 2 workers", t_ray_un,
-         f"x{t_ser / t_ray_un:.2f} vs serial, identical: {same_un}"),
-        (f"cell volumes {args.n_samples} pts: serial", t_cv_ser, f"{args.n_samples / t_cv_ser:.0f} pt/s"),
-        (f"cell volumes {args.n_samples} pts: {-(-args.n_samples // args.batch)} chunks, Ray 2 workers",
-         t_cv_ray, f"x{t_cv_ser / t_cv_ray:.2f} vs serial, identical: {same_cv}"),
+        ("Ray worker warm-up (first tasks: processes + imports)", t_warm, ""),
+        (f"unargmaxable {args.tokens} tok: local, one process", t_ser, f"{1e3 * t_ser / args.tokens:.2f} ms/tok"),
+        ("  of which set-up (prepare, once) / witnesses / LPs", ph_ser["prepare"],
+         f"{ph_ser['witness']:.2f} / {ph_ser['lp']:.2f} s; {ser.n_lp} LPs"),
+        (f"unargmaxable {args.tokens} tok: Ray 2 workers ({n_wit} witness tasks)", t_ray_un,
+         f"x{t_ser / t_ray_un:.2f} vs local, identical: {same_un}"),
+        ("  of which set-up / ray.put of it / witnesses / LPs", ph_ray["prepare"],
+         f"{ph_ray['put']:.2f} / {ph_ray['witness']:.2f} / {ph_ray['lp']:.2f} s"),
+        (f"cell volumes {args.n_samples} pts: local", t_cv_ser, f"{args.n_samples / t_cv_ser:.0f} pt/s"),
+        (f"cell volumes {args.n_samples} pts: {-(-args.n_samples // max(args.batch, 8192))} tasks, Ray 2 workers",
+         t_cv_ray, f"x{t_cv_ser / t_cv_ray:.2f} vs local, identical: {same_cv}"),
     ]
     width = max(len(r[0]) for r in rows)
     print()
@@ -141,37 +133,38 @@ def main(argv=None):
         print(f"{name:<{width}}  {sec:8.2f}  {note}")
 
     # ---------------------------------------------------------------- Gemma on N machines (paper)
-    # per-token work scales with |V| d; the set-up (covariance of W) with |V| d^2; W's transfer
-    # with its size. Per machine: the measured Ray throughput of 2 workers on 2 cores.
+    # per-token work scales with |V| d; the set-up (covariance of W) with |V| d^2; the put with
+    # the set-up's size (|V| d). Per machine: the measured Ray throughput of 2 workers on 2 cores.
     scale_tok = (GEMMA_V * GEMMA_D) / (V * d)
     scale_setup = (GEMMA_V * GEMMA_D**2) / (V * d * d)
-    per_tok_serial = (t_ser - t_setup) / args.tokens
-    # worker-seconds per token: each chunk's time minus its set-up, over its tokens (median chunk)
-    sizes = [min(args.chunk, args.tokens - s) for s in range(0, args.tokens, args.chunk)]
-    per_tok_ray = float(np.median([max(sec - setup_w, 0.0) / k for sec, k in zip(ray_un.extra["chunk_seconds"], sizes)]))
+    # worker-seconds per token: the witness and LP phases kept both workers busy
+    per_tok_ray = (ph_ray["witness"] + ph_ray["lp"]) * workers / args.tokens
+    per_tok_serial = (ph_ser["witness"] + ph_ser["lp"]) / args.tokens
     print()
     print(f"Gemma-3-270m full vocabulary ({GEMMA_V} tokens, d = {GEMMA_D}): per-token cost x{scale_tok:.2f} "
-          f"(|V| d), set-up x{scale_setup:.2f} (|V| d^2), W put x{scale_tok:.2f}")
-    ser_note = f"{1e3 * per_tok_serial:.2f} ms/token" if per_tok_serial > 0 else "n/a (set-up noise exceeded it)"
-    print(f"  measured here: serial {ser_note} (2 BLAS threads); Ray {1e3 * per_tok_ray:.2f} worker-ms/token "
-          f"(1 BLAS thread per worker), set-up {setup_w:.2f} s per chunk in a worker")
-    gemma = {"per_token_worker_ms_smollm2": 1e3 * per_tok_ray, "setup_worker_s_smollm2": setup_w,
-             "scale_token": scale_tok, "scale_setup": scale_setup, "n_machines": {}}
-    if per_tok_serial > 0:
-        gemma["serial_hours"] = (GEMMA_V * per_tok_serial * scale_tok + t_setup * scale_setup) / 3600
-        print(f"  one process here, serial (one set-up): {gemma['serial_hours']:.2f} h")
-    print(f"  {'machines':>8}  {'workers':>7}  {'chunk':>6}  {'wall (h)':>9}   (2 workers per machine, incl. start-up and put)")
+          f"(|V| d), set-up x{scale_setup:.2f} (|V| d^2), put x{scale_tok:.2f}")
+    print(f"  measured here: local {1e3 * per_tok_serial:.2f} ms/token (2 BLAS threads); Ray "
+          f"{1e3 * per_tok_ray:.2f} worker-ms/token (1 BLAS thread per worker); set-up {ph_ray['prepare']:.2f} s "
+          f"once on the driver, put {ph_ray['put']:.2f} s")
+    gemma = {"per_token_worker_ms_smollm2": 1e3 * per_tok_ray, "setup_s_smollm2": ph_ray["prepare"],
+             "put_s_smollm2": ph_ray["put"], "scale_token": scale_tok, "scale_setup": scale_setup,
+             "n_machines": {}}
+    gemma["serial_hours"] = (GEMMA_V * per_tok_serial * scale_tok + ph_ser["prepare"] * scale_setup) / 3600
+    print(f"  one process here, local executor: {gemma['serial_hours']:.2f} h")
+    print(f"  {'machines':>8}  {'workers':>7}  {'wall (h)':>9}   (2 workers per machine, chunks of 2,048 tokens, "
+          "incl. start-up, set-up and put)")
+    chunk = 2048
+    chunks = -(-GEMMA_V // chunk)
     for n in (1, 2, 4, 8, 16, 32, 64, 128):
-        workers = 2 * n
-        chunk = min(8192, max(1024, -(-GEMMA_V // workers)))  # fewer tokens per chunk when workers abound
-        chunks = -(-GEMMA_V // chunk)
-        per_chunk = chunk * per_tok_ray * scale_tok + setup_w * scale_setup  # worker-seconds
-        rounds = -(-chunks // workers)  # chunks are the unit: the last round may idle
-        wall = t_init + t_warm + t_put * scale_tok + rounds * per_chunk
-        gemma["n_machines"][n] = {"chunk": chunk, "hours": wall / 3600}
-        print(f"  {n:>8}  {workers:>7}  {chunk:>6}  {wall / 3600:9.2f}")
+        w = workers * n
+        rounds = -(-chunks // w)  # chunks are the unit: the last round may idle
+        wall = (t_init + t_warm + ph_ray["prepare"] * scale_setup + ph_ray["put"] * scale_tok
+                + rounds * chunk * per_tok_ray * scale_tok)
+        gemma["n_machines"][n] = {"hours": wall / 3600}
+        print(f"  {n:>8}  {w:>7}  {wall / 3600:9.2f}")
     print("  assumptions: machines like this one (2 cores, 1 BLAS thread per worker), the same share of "
-          "tokens needing an LP as in SmolLM2's subset, W reaching each node once (671 MB), no other load.")
+          "tokens needing an LP as in SmolLM2's subset, the set-up (3 x |V| d floats) reaching each node "
+          "once, no other load.")
 
     if args.json:
         out = {

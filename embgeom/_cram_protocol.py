@@ -15,7 +15,10 @@ forward and backward (hundreds of small kernels per layer), not by FLOPs, until 
 thousands of positions. Up to 5,000 steps in sequence then cost ``5000 * t_step`` per batch,
 whatever its size, so the preset puts many (m, n) rows in a few batches: rows of mixed m and n
 in one batch, right-padded to the bucket's longest input (causal attention: padding after a
-row changes nothing before it), the logits of each row gathered at its own n scored positions.
+row changes nothing before it), the logits of each row gathered at its own n scored positions
+(:func:`embgeom.cramming.cram` with rows of different m and n, driven by
+:func:`embgeom.cramming.mixed_curves`; :func:`run_cram_kwargs` turns a preset into
+:func:`embgeom.cramming.run_cram` arguments).
 :func:`estimate_seconds` gives the worst case (every row runs all steps) from the FLOPs of
 :func:`step_flops` (checked against ``torch.utils.flop_counter.FlopCounterMode`` in
 ``tests/test_cram_protocol.py``) and the constants of :data:`H200`.
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["ModelDims", "MODEL_DIMS", "H200", "C_EMP_GUESS", "PAPER_OPTIMISER", "step_flops",
-           "estimate_seconds", "paper_protocol"]
+           "estimate_seconds", "paper_protocol", "run_cram_kwargs"]
 
 #: Kuratov et al. (ACL 2025), released scripts: AdamW on the memory vectors only.
 PAPER_OPTIMISER = {
@@ -220,7 +223,8 @@ def paper_protocol(model: str, *, gpu: dict = H200, budget_s: float = 600.0, n_t
     Returns
     -------
     dict
-        ``model``, ``mem`` (list of m), ``lengths`` ({m: [n, ...]}), ``n_targets``, the
+        ``name`` ("paper"), ``model``, ``mem`` (list of m), ``lengths`` ({m: [n, ...]}),
+        ``n_targets``, ``n_batches`` (the number of mixed batches), the
         optimiser constants of :data:`PAPER_OPTIMISER`, ``target_source`` ("random-tokens"),
         ``start_token`` ("auto"), ``precision``, ``device`` ("cuda"), ``check`` ("float32
         greedy generation"), ``buckets`` (lists of (m, n) rows, one per target), ``estimate_s``
@@ -241,6 +245,7 @@ def paper_protocol(model: str, *, gpu: dict = H200, budget_s: float = 600.0, n_t
     dims = MODEL_DIMS[model]
     c_lo, c_hi = C_EMP_GUESS[model]
     lengths = {m: _lengths(c_lo, c_hi, m, n_lengths) for m in mems[model]}
+    # the order of embgeom.cramming.mixed_curves: by input length m + n, then (m, n)
     rows = sorted(((m, n) for m, ns in lengths.items() for n in ns for _ in range(n_targets)),
                   key=lambda r: (r[0] + r[1], r))
     # split by input length into buckets of about equal padded FLOPs
@@ -257,9 +262,46 @@ def paper_protocol(model: str, *, gpu: dict = H200, budget_s: float = 600.0, n_t
             f"GPU, more than {budget_s:.0f} s; use fewer targets, lengths or more buckets"
         )
     return {
-        "model": model, "mem": mems[model], "lengths": lengths, "n_targets": n_targets,
+        "name": "paper", "model": model, "mem": mems[model], "lengths": lengths,
+        "n_targets": n_targets, "n_batches": len(buckets),
         **PAPER_OPTIMISER, "target_source": "random-tokens", "start_token": "auto",
         "precision": precision, "device": "cuda", "check": "float32 greedy generation",
         "buckets": buckets, "estimate_s": est, "overhead_s": overhead_s, "budget_s": budget_s,
         "c_emp_guess": (c_lo, c_hi),
+    }
+
+
+def run_cram_kwargs(preset: dict) -> dict:
+    """The :func:`embgeom.cramming.run_cram` keyword arguments of a :func:`paper_protocol` preset.
+
+    Every (m, n) row is crammed in the preset's ``n_batches`` mixed batches
+    (``mixed_batches``, :func:`embgeom.cramming.mixed_curves`; their split by input length is
+    the one :func:`estimate_seconds` timed), with the paper's AdamW constants, patience and
+    step budget, the model forward under the preset's precision and every verdict in float32
+    (stops confirmed by a float32 forward, float32 greedy generation). ``protocol`` is the
+    preset without its bucket lists (JSON-able), for the summary.
+
+    Parameters
+    ----------
+    preset : dict
+        From :func:`paper_protocol` (any of its entries may be changed first).
+
+    Returns
+    -------
+    dict
+        ``mems``, ``lengths`` ({m: [n, ...]}), ``n_targets``, ``steps``, ``lr``, ``betas``,
+        ``weight_decay``, ``patience``, ``precision``, ``target_source``, ``start_token``,
+        ``device``, ``check_generation`` (True), ``adaptive`` (False), ``mixed_batches``,
+        ``protocol``.
+    """
+    return {
+        "mems": list(preset["mem"]),
+        "lengths": {int(m): list(ns) for m, ns in preset["lengths"].items()},
+        "n_targets": preset["n_targets"], "steps": preset["max_steps"], "lr": preset["lr"],
+        "betas": tuple(preset["betas"]), "weight_decay": preset["weight_decay"],
+        "patience": preset["patience"], "precision": preset["precision"],
+        "target_source": preset["target_source"], "start_token": preset["start_token"],
+        "device": preset["device"], "check_generation": True, "adaptive": False,
+        "mixed_batches": preset["n_batches"],
+        "protocol": {k: v for k, v in preset.items() if k != "buckets"},
     }

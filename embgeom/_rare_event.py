@@ -7,7 +7,7 @@ decoder cell of token ``t`` is a cone, and its share of ``S`` is the standard Ga
     C_t = {x in R^k : a_s . x >= 0 for every s != t},   a_s = G^T (w_t - w_s),
 
 because ``y = G x`` with ``x ~ N(0, I)`` has the direction law of ``S`` and cones only see
-directions (THEORY.md, "Decoder cells"). Shares of real cells run from ``e^-8`` to ``e^-17`` and
+directions (docs/theory.md, section 1). Shares of real cells run from ``e^-8`` to ``e^-17`` and
 below, far out of reach of uniform counting, so this module estimates ``log P(x in C_t)`` by
 multilevel splitting (Holmes-Diaconis-Ross, adaptive levels) with exact elliptical slice sampling
 for linear constraints (LIN-ESS):

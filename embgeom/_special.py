@@ -1,4 +1,5 @@
-"""Special functions in log space: the one home of the volumes, areas and sums the geometry needs.
+"""Special functions in log space: the one home of the volumes, areas and sums the geometry needs
+(and of the overflow-free Euclidean norms they rest on).
 
 Everything here returns natural logarithms (nats) and is written so that it never overflows or
 underflows where the answer is representable: ``d = 4096`` unit-ball volumes, caps whose mass is
@@ -31,6 +32,9 @@ __all__ = [
     "log_elementary_symmetric",
     "log1mexp",
     "softplus",
+    "log1p_ratio",
+    "row_norms",
+    "vector_norm",
 ]
 
 
@@ -152,7 +156,7 @@ def log_cap_fraction(half_angle, d: int):
     Math. Stat. 4 (2011)), and ``1 - f(pi - alpha)`` for ``alpha > pi/2``. Computed in logs: where
     ``betainc`` underflows (tiny caps in high ``d``) a log-space series
     (:func:`log_betainc_small`) takes over, so ``d = 576``, ``alpha = 0.3`` is finite. This is the
-    paper's cone refinement (THEORY.md).
+    paper's cone refinement (docs/theory.md, section 4.4).
 
     Parameters
     ----------
@@ -257,6 +261,31 @@ def softplus(z):
     return np.logaddexp(0.0, z)
 
 
+def log1p_ratio(a, b, factor: float = 1.0):
+    """``log(1 + factor a / b)`` for positive ``a``, ``b``: ``softplus(log factor + log a - log b)``.
+
+    ``math.log1p(2 r / eps)`` overflows to ``inf`` once ``r / eps`` passes ``1.8e308`` (a radius
+    of ``1e30`` at ``eps = 1e-300``: the true value is about 760 nats); here the ratio is never
+    formed: ``log(1 + x) = log x + log1p(1/x)`` for large ``x``, ``log1p(x)`` for small.
+
+    Parameters
+    ----------
+    a, b : float or array_like of float
+        Positive (not checked: callers pass validated lengths).
+    factor : float, default 1.0
+        Positive constant (``2`` for ``log(1 + 2 r / eps)``).
+
+    Returns
+    -------
+    float or numpy.ndarray of float64
+        Nats; finite for every positive finite ``a``, ``b``.
+    """
+    with np.errstate(divide="ignore"):
+        out = softplus(math.log(factor) + np.log(np.asarray(a, dtype=np.float64))
+                       - np.log(np.asarray(b, dtype=np.float64)))
+    return float(out) if np.ndim(out) == 0 else out
+
+
 def log1mexp(x) -> float:
     """``log(1 - exp(x))`` for ``x <= 0``, stable at both ends (Maechler 2012).
 
@@ -274,3 +303,30 @@ def log1mexp(x) -> float:
     if x >= 0.0:
         return -math.inf
     return math.log(-math.expm1(x)) if x > -0.693 else math.log1p(-math.exp(x))
+
+
+def row_norms(X: np.ndarray) -> np.ndarray:
+    """Euclidean norm of each row of ``X`` (N, d), without overflow or underflow.
+
+    ``numpy.linalg.norm(X, axis=1)`` squares the entries, so rows of size ``1e160`` give ``inf``
+    and rows of size ``1e-160`` lose every digit to underflow. Each row is divided by its
+    largest absolute entry first (``|x| = m |x / m|``): exact for every finite input whose norm
+    is representable.
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape (N,)
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim == 1:
+        X = X[None, :]
+    m = np.abs(X).max(axis=1) if X.shape[1] else np.zeros(X.shape[0])
+    safe = np.where(m > 0, m, 1.0)
+    Y = X / safe[:, None]
+    with np.errstate(over="ignore"):
+        return m * np.sqrt(np.einsum("ij,ij->i", Y, Y))
+
+
+def vector_norm(x) -> float:
+    """Euclidean norm of one vector without overflow or underflow (see :func:`row_norms`)."""
+    return float(row_norms(np.ravel(np.asarray(x, dtype=np.float64)))[0])

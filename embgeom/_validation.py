@@ -21,6 +21,71 @@ __all__ = [
 ]
 
 
+#: torch dtypes below float32, with their significant bits (refused like numpy's float16)
+_TORCH_HALF = {"torch.float16": 11, "torch.bfloat16": 8}
+
+
+def _from_torch(x, name: str, *, integer: bool = False):
+    """A torch tensor as a numpy array; half precision refused by name (``.numpy()`` cannot
+    even represent bfloat16: torch would say "unsupported ScalarType BFloat16")."""
+    dt = str(getattr(x, "dtype", ""))
+    if integer and dt in _TORCH_HALF:
+        raise TypeError(f"{name}: expected integers, got dtype {dt}")
+    if dt in _TORCH_HALF:
+        raise TypeError(
+            f"{name}: {dt} input is refused ({_TORCH_HALF[dt]} significant bits); cast it to "
+            "float32 explicitly (tensor.float()), as embgeom.adapters does for a model run in "
+            "half precision"
+        )
+    return x.detach().cpu().numpy()
+
+
+def _is_pandas(x) -> bool:
+    return type(x).__module__.split(".")[0] == "pandas" and hasattr(x, "to_numpy")
+
+
+def _from_pandas(x, name: str, kinds: str):
+    """A pandas Series/DataFrame as a numpy array, its nullable dtypes handled by name.
+
+    Columns whose dtype kind is in ``kinds`` ("f" for floats, "iu" for integers) are converted
+    (``Float64`` -> float64, ``Int64`` -> int64). A missing value (``pd.NA``) is refused in an
+    integer array; in a float array it becomes NaN, which the finiteness check then refuses
+    with the argument's name. Any other column dtype is refused here by name (never as
+    "dtype object"). Plain numpy columns are left to ``numpy.asarray``.
+    """
+    dtypes = list(x.dtypes) if hasattr(x, "columns") else [getattr(x, "dtype", None)]
+    if all(isinstance(d, np.dtype) for d in dtypes):
+        return np.asarray(x)
+    bad = sorted({str(d) for d in dtypes if getattr(d, "kind", "O") not in kinds})
+    if bad:
+        want = "real floating-point" if kinds == "f" else "integer"
+        raise TypeError(f"{name}: expected {want} columns, got pandas dtype(s) {', '.join(bad)}")
+    n_na = int(np.asarray(x.isna()).sum())
+    if kinds == "f":
+        itemsizes = {getattr(d, "itemsize", 8) for d in dtypes}
+        out = np.float32 if itemsizes == {4} else np.float64
+        return x.to_numpy(dtype=out, na_value=np.nan)
+    if n_na:
+        raise ValueError(f"{name}: contains {n_na} missing value(s) (pandas NA)")
+    return x.to_numpy(dtype=np.int64)
+
+
+def _check_ndim_shape(arr: np.ndarray, name: str, ndim, shape) -> None:
+    """The one ndim / shape rule of :func:`check_array` and :func:`check_int_array`."""
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if arr.ndim not in allowed:
+            raise ValueError(
+                f"{name}: expected an array with ndim in {allowed}, got shape {arr.shape}"
+            )
+    if shape is not None:
+        if len(shape) != arr.ndim or any(
+            s is not None and s != a for s, a in zip(shape, arr.shape)
+        ):
+            want = tuple("any" if s is None else s for s in shape)
+            raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
+
+
 def check_array(
     x,
     name: str,
@@ -35,10 +100,15 @@ def check_array(
 
     Parameters
     ----------
-    x : array_like
+    x : array_like, torch.Tensor or pandas Series/DataFrame
         The input. Must already be real floating point (float32 or float64); integers, booleans,
         complex numbers and float16 are refused (float16 has 11 significant bits: a computation
-        of geometry at that precision is not what the caller meant; cast explicitly).
+        of geometry at that precision is not what the caller meant; cast explicitly). The same
+        rule holds for torch tensors: ``torch.float16`` and ``torch.bfloat16`` (what a model run
+        in half precision returns) are refused by name, never upcast silently; cast with
+        ``tensor.float()``. pandas' nullable ``Float64``/``Float32`` columns are accepted and
+        converted to float64/float32; a missing value (``pd.NA``) counts as NaN (refused with
+        ``finite=True``); nullable integer columns (``Int64``) are refused like numpy integers.
     name : str
         The argument's name, used in error messages.
     ndim : int or tuple of int, optional
@@ -60,14 +130,25 @@ def check_array(
     Raises
     ------
     TypeError
-        Not an array of real floats, or float16.
+        Not an array of real floats, or float16 (numpy or torch) or bfloat16 (torch).
     ValueError
-        Wrong ndim or shape, empty, or not finite.
+        Wrong ndim or shape, empty, or not finite (pandas NA counts as NaN).
+
+    Examples
+    --------
+    >>> check_array([[1.0, 2.0]], "H", ndim=2).dtype
+    dtype('float64')
+    >>> check_array(np.zeros(2, dtype=np.float16), "H")
+    Traceback (most recent call last):
+        ...
+    TypeError: H: float16 input is refused (11 significant bits); cast it to float32 or float64 explicitly
     """
     if x is None:
         raise TypeError(f"{name}: expected an array of floats, got None")
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor: accept, convert
-        x = x.detach().cpu().numpy()
+        x = _from_torch(x, name)
+    elif _is_pandas(x):
+        x = _from_pandas(x, name, "f")
     arr = np.asarray(x)
     if arr.dtype == np.float16:
         raise TypeError(
@@ -76,18 +157,7 @@ def check_array(
         )
     if arr.dtype.kind not in "f":
         raise TypeError(f"{name}: expected a real floating-point array, got dtype {arr.dtype}")
-    if ndim is not None:
-        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if arr.ndim not in allowed:
-            raise ValueError(
-                f"{name}: expected an array with ndim in {allowed}, got shape {arr.shape}"
-            )
-    if shape is not None:
-        if len(shape) != arr.ndim or any(
-            s is not None and s != a for s, a in zip(shape, arr.shape)
-        ):
-            want = tuple("any" if s is None else s for s in shape)
-            raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
+    _check_ndim_shape(arr, name, ndim, shape)
     if not allow_empty and arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
     if finite and arr.size and not np.isfinite(arr).all():
@@ -279,7 +349,9 @@ def check_int_array(
 
     Parameters
     ----------
-    x : array_like of int or torch.Tensor of an integer dtype
+    x : array_like of int, torch.Tensor of an integer dtype, or pandas Series/DataFrame
+        pandas' nullable ``Int64`` (and other nullable integer) columns are accepted when they
+        hold no missing value (``pd.NA`` is refused by name).
     name : str
         The argument's name, used in error messages.
     ndim : int or tuple of int, optional
@@ -301,29 +373,20 @@ def check_int_array(
     TypeError
         ``None``, a non-integer dtype (float, bool, complex, object).
     ValueError
-        Wrong ndim or shape, empty, a value outside ``[low, high)``.
+        Wrong ndim or shape, empty, a value outside ``[low, high)``, a missing value (pandas).
     """
     if x is None:
         raise TypeError(f"{name}: expected an array of integers, got None")
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
-        x = x.detach().cpu().numpy()
+        x = _from_torch(x, name, integer=True)
+    elif _is_pandas(x):
+        x = _from_pandas(x, name, "iu")
     arr = np.asarray(x)
     if not allow_empty and arr.size == 0:  # first: np.asarray([]) is float64
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
     if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype == np.float64):
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
-    if ndim is not None:
-        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if arr.ndim not in allowed:
-            raise ValueError(
-                f"{name}: expected an array with ndim in {allowed}, got shape {arr.shape}"
-            )
-    if shape is not None:
-        if len(shape) != arr.ndim or any(
-            s is not None and s != a for s, a in zip(shape, arr.shape)
-        ):
-            want = tuple("any" if s is None else s for s in shape)
-            raise ValueError(f"{name}: expected shape {want}, got {arr.shape}")
+    _check_ndim_shape(arr, name, ndim, shape)
     if arr.size and arr.dtype.kind == "u" and arr.dtype.itemsize >= 8 and int(arr.max()) > 2**63 - 1:
         raise ValueError(f"{name}: values beyond the int64 range")
     out = np.ascontiguousarray(arr, dtype=np.int64)

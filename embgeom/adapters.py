@@ -458,6 +458,9 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", *, progress: bo
 
     Examples
     --------
+    Not run by the doctests (+SKIP): it loads the real model (about 25 s);
+    tests/test_adapters.py runs the same calls.
+
     >>> lm = load_model("smollm2-135m")          # doctest: +SKIP
     >>> unembedding(lm).weight.shape             # doctest: +SKIP
     (49152, 576)

@@ -7,7 +7,7 @@ nearest-row (Voronoi) diagram of the rows of ``W``::
 
     argmax_t (w_t . h + b_t) = argmin_t (|h - w_t|^2 - |w_t|^2 - 2 b_t)
 
-(THEORY.md, "Decoder cells"), so the two partitions agree only when every ``|w_t|^2 + 2 b_t`` is
+(docs/theory.md, section 1 "Cells, and the power diagram behind them"), so the two partitions agree only when every ``|w_t|^2 + 2 b_t`` is
 the same. ``method="nearest"`` of :meth:`Decoder.assign` exists for comparison with earlier work
 that estimated "Voronoi" volumes.
 
@@ -18,12 +18,12 @@ Sec. 4 (decoder cells); unargmaxable tokens: Grivas et al., ACL 2022; Demeter et
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import _kernels
+from ._special import row_norms
 from ._validation import check_array, check_positive, check_positive_int
 
 __all__ = ["Decoder", "UnargmaxableResult"]
@@ -37,6 +37,29 @@ POINT_BLOCK = 1024
 VOCAB_BLOCK = 4096
 
 _UNIT_ROUNDOFF32 = 2.0**-24
+#: Rows whose Cauchy-Schwarz bound on ``|W h + b|`` reaches this go to the float64 path.
+_FLOAT32_SAFE = 1e38
+#: With a bias, rows holding a nonzero ``|h_k|`` below this go to the float64 path (float32
+#: keeps its 24 significant bits, and products with ``w`` stay normal, above it).
+_FLOAT32_FULL_PRECISION = 2.0**-100
+
+
+def _refuse_float32_underflow(x: np.ndarray, name: str) -> None:
+    """Refuse float64 entries that are nonzero but below float32's normal range (1.2e-38).
+
+    The decoder stores ``W`` and ``b`` in float32; such entries would become 0 or lose their
+    significant bits, silently changing the cells (``W * 1e-46`` would be all zeros).
+    """
+    if x.dtype == np.float32:
+        return
+    a = np.abs(x)
+    bad = int(np.count_nonzero((a > 0) & (a < np.finfo(np.float32).tiny)))
+    if bad:
+        raise ValueError(
+            f"{name}: {bad} nonzero entries are below float32's normal range (|x| < 1.2e-38); the "
+            f"float32 copy would flush them to 0 or round away their digits. Rescale {name} (a "
+            "positive factor changes no cell of a bias-free decoder)"
+        )
 
 
 def _gamma(n: int, u: float) -> float:
@@ -72,7 +95,9 @@ class Decoder:
     TypeError
         ``W`` or ``bias`` not a real floating-point array (float16 and integers refused).
     ValueError
-        NaN/inf, empty ``W``, ``bias`` of the wrong length, bad block sizes.
+        NaN/inf, empty ``W``, ``bias`` of the wrong length, bad block sizes, float64 entries
+        beyond float32's range (``|x| > 3.4e38``) or nonzero below its normal range
+        (``|x| < 1.2e-38``: they would be flushed or rounded away).
 
     Notes
     -----
@@ -84,24 +109,33 @@ class Decoder:
     >>> import numpy as np
     >>> from embgeom.cells import Decoder
     >>> dec = Decoder(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=np.float32))
-    >>> dec.assign(np.array([[2.0, 1.0], [0.0, -3.0], [1.0, 1.0]])).tolist()
-    [0, 2, 0]
+    >>> dec.assign(np.array([[2.0, 1.0], [-2.0, -3.0], [0.5, 1.0]])).tolist()
+    [0, 2, 1]
+
+    A tie (here all three logits are 0) goes to the lowest token id:
+
+    >>> dec.assign(np.zeros((1, 2))).tolist()
+    [0]
     """
 
     def __init__(self, W, bias=None, *, point_block: int = POINT_BLOCK, vocab_block: int = VOCAB_BLOCK):
         W = check_array(W, "W", ndim=2, dtype=None)
         if W.shape[1] == 0:
             raise ValueError(f"W: expected at least one column (d >= 1), got shape {W.shape}")
-        self.W_ = np.ascontiguousarray(W, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            self.W_ = np.ascontiguousarray(W, dtype=np.float32)
         if not np.isfinite(self.W_).all():
             raise ValueError("W: overflows float32 (values beyond 3.4e38)")
+        _refuse_float32_underflow(W, "W")
         if bias is None:
             self.bias_ = None
         else:
             b = check_array(bias, "bias", ndim=1, dtype=None, shape=(W.shape[0],))
-            self.bias_ = np.ascontiguousarray(b, dtype=np.float32)
+            with np.errstate(over="ignore"):
+                self.bias_ = np.ascontiguousarray(b, dtype=np.float32)
             if not np.isfinite(self.bias_).all():
                 raise ValueError("bias: overflows float32")
+            _refuse_float32_underflow(b, "bias")
         self.point_block = check_positive_int(point_block, "point_block")
         self.vocab_block = check_positive_int(vocab_block, "vocab_block")
         self._zero_bias = None
@@ -186,16 +220,9 @@ class Decoder:
             H = H[None, :]
         if H.shape[1] != self.dim:
             raise ValueError(f"{name}: expected hidden states of dimension d={self.dim} (shape (N, {self.dim})), got shape {H.shape}")
-        # Cauchy-Schwarz: |w . h + b| <= |w| |h| + |b|; refuse inputs whose float32 logits could overflow
         if self._row_norm_max is None:
             self._row_norm_max = float(np.sqrt(np.einsum("ij,ij->i", self.W_, self.W_, dtype=np.float64).max()))
             self._bias_abs_max = 0.0 if self.bias_ is None else float(np.abs(self.bias_).max())
-        hmax = float(np.sqrt(np.einsum("ij,ij->i", H, H, dtype=np.float64).max()))
-        if not hmax * self._row_norm_max + self._bias_abs_max < 1e38:
-            raise ValueError(
-                f"{name}: the float32 logits could overflow (|h| up to {hmax:.3g}, |w| up to "
-                f"{self._row_norm_max:.3g}); rescale the hidden states"
-            )
         return H
 
     def _bias_for(self, method: str) -> np.ndarray:
@@ -208,16 +235,143 @@ class Decoder:
         if method == "nearest":
             # argmin_t |h - w_t|^2 = argmax_t (w_t . h - |w_t|^2 / 2)
             if self._nearest_bias is None:
-                sq = np.einsum("ij,ij->i", self.W_.astype(np.float64), self.W_.astype(np.float64))
-                self._nearest_bias = (-0.5 * sq).astype(np.float32)
+                with np.errstate(over="ignore"):
+                    self._nearest_bias = (-0.5 * self._nearest_bias64()).astype(np.float32)
             return self._nearest_bias
         raise ValueError(f"method: expected 'argmax' or 'nearest', got {method!r}")
 
+    def _nearest_bias64(self) -> np.ndarray:
+        """``|w_t|^2`` in float64, shape (n_tokens,)."""
+        return np.einsum("ij,ij->i", self.W_, self.W_, dtype=np.float64)
+
+    def _bias64_for(self, method: str) -> np.ndarray | None:
+        """The bias of ``method`` in float64 (``None``: no bias, the scale-free case)."""
+        if method == "nearest":
+            return -0.5 * self._nearest_bias64()
+        return None if self.bias_ is None else self.bias_.astype(np.float64)
+
+    # ------------------------------------------------------------------ scale plan
+    def _plan(self, H: np.ndarray, scale_free: bool, bias_max: float):
+        """Per-row exponents and the rows that the float32 product cannot take.
+
+        Without a bias the greedy token and the order of the logits do not change when a row of
+        ``H`` is multiplied by a positive number, so each row is divided by a power of two
+        ``2^e`` (exact) that brings its largest entry into ``[0.5, 1)``: the float32 product
+        then neither underflows (``H ~ 1e-46``) nor overflows (``H ~ 1e160``), and values are
+        mapped back by ``2^e``. With a bias that is not so (``W (s h) + b`` is not ``s`` times
+        anything), so rows whose float32 product could overflow (Cauchy-Schwarz:
+        ``|h| max|w_t| + max|b_t| >= 1e38``) or that hold entries float32 cannot represent to
+        full precision (nonzero ``|h_k| < 2^-100``) are computed exactly in float64 instead.
+        In the scale-free case only a ``W`` of norm near ``1e38`` can send a row there.
+
+        Returns
+        -------
+        exps : ndarray of int64, shape (N,), or None
+            ``e`` per row (``None`` with a bias: rows are used as given).
+        exact : ndarray of bool, shape (N,)
+            Rows for the exact float64 path.
+        """
+        N = H.shape[0]
+        exps = np.zeros(N, dtype=np.int64) if scale_free else None
+        exact = np.zeros(N, dtype=bool)
+        step = max(1, self.point_block)
+        for p0 in range(0, N, step):
+            xb = np.asarray(H[p0 : p0 + step], dtype=np.float64)
+            ab = np.abs(xb)
+            mx = ab.max(axis=1)
+            if scale_free:
+                e = np.where(mx > 0, np.frexp(mx)[1], 0).astype(np.int64)
+                exps[p0 : p0 + step] = e
+                xb = np.ldexp(xb, -e[:, None])
+            else:
+                tiny = np.where(ab > 0, ab, np.inf).min(axis=1)
+                exact[p0 : p0 + step] |= tiny < _FLOAT32_FULL_PRECISION
+            hn = row_norms(xb)
+            with np.errstate(over="ignore"):
+                exact[p0 : p0 + step] |= ~(hn * self._row_norm_max + bias_max < _FLOAT32_SAFE)
+        return exps, exact
+
+    def _rows64(self, H: np.ndarray, rows: np.ndarray, exps) -> np.ndarray:
+        """Rows of ``H`` in float64, divided by ``2^exps`` when given (exact)."""
+        X = np.asarray(H[rows], dtype=np.float64)
+        return X if exps is None else np.ldexp(X, -exps[rows][:, None])
+
+    def _exact64(self, X: np.ndarray, b64: np.ndarray | None, top2: bool):
+        """Argmax (and runner-up) of ``X W^T + b`` computed in float64, ties to the lowest id."""
+        n, V = X.shape[0], self.n_tokens
+        i1 = np.empty(n, dtype=np.int64)
+        i2 = np.full(n, -1, dtype=np.int64)
+        rb = max(1, (1 << 22) // max(V, 1))
+        vb = self.vocab_block
+        for r0 in range(0, n, rb):
+            xb = X[r0 : r0 + rb]
+            z = np.empty((xb.shape[0], V))
+            with np.errstate(over="ignore", invalid="ignore"):
+                for v0 in range(0, V, vb):
+                    z[:, v0 : v0 + vb] = xb @ self.W_[v0 : v0 + vb].astype(np.float64).T
+                if b64 is not None:
+                    z += b64
+            if not np.isfinite(z).all():
+                raise ValueError(
+                    "H: the logits W h + b exceed the float64 range (about 1.8e308) for some rows; "
+                    "rescale the hidden states"
+                )
+            rr = np.arange(xb.shape[0])
+            a = np.argmax(z, axis=1)
+            i1[r0 : r0 + rb] = a
+            if top2 and V > 1:
+                z[rr, a] = -np.inf
+                i2[r0 : r0 + rb] = np.argmax(z, axis=1)
+        return i1, i2
+
+    def _winners(self, H: np.ndarray, method: str, top2: bool):
+        """Greedy token (and runner-up) of each row, at any scale; see :meth:`_plan`.
+
+        Returns ``(i1, i2 or None, exps or None, b64 or None)``.
+        """
+        bias32 = self._bias_for(method)
+        b64 = self._bias64_for(method)
+        scale_free = b64 is None
+        bias_max = 0.0 if scale_free else float(np.abs(b64).max())
+        exps, exact = self._plan(H, scale_free, bias_max)
+        res = self._scan(H, bias32, top2, exps=exps, skip=exact if exact.any() else None)
+        i1 = res[1]
+        i2 = res[3] if top2 else None
+        if exact.any():
+            rows = np.flatnonzero(exact)
+            e1, e2 = self._exact64(self._rows64(H, rows, exps), b64, top2)
+            i1[rows] = e1
+            if top2:
+                i2[rows] = e2
+        return i1, i2, exps, b64
+
+    def _logits_at(self, H: np.ndarray, idx: np.ndarray, exps, b64) -> np.ndarray:
+        """``w_idx . h + b_idx`` per row in float64, in the units of ``H`` (``-inf`` for id -1)."""
+        N = H.shape[0]
+        out = np.full(N, -np.inf)
+        step = max(1, self.point_block)
+        for p0 in range(0, N, step):
+            rows = np.arange(p0, min(p0 + step, N))
+            t = idx[rows]
+            ok = t >= 0
+            X = self._rows64(H, rows[ok], exps)
+            v = np.einsum("ij,ij->i", X, self.W_[t[ok]].astype(np.float64))
+            if b64 is not None:
+                v = v + b64[t[ok]]
+            with np.errstate(over="ignore"):
+                out[rows[ok]] = v if exps is None else np.ldexp(v, exps[rows[ok]])
+        if not np.all(np.isfinite(out) | (idx < 0)):
+            raise ValueError("H: the logits exceed the float64 range (about 1.8e308); rescale the hidden states")
+        return out
+
     # ------------------------------------------------------------------ blocked product
-    def _scan(self, H: np.ndarray, bias: np.ndarray, top2: bool, W: np.ndarray | None = None):
+    def _scan(self, H: np.ndarray, bias: np.ndarray, top2: bool, W: np.ndarray | None = None, *,
+              exps=None, skip=None):
         """Blocked ``H @ W.T`` folded into a running argmax (or top-2) per point.
 
-        ``H`` (N, d) float32 or float64 (cast per block); returns float32/int64 arrays.
+        ``H`` (N, d) float32 or float64, cast to float32 per block, after dividing row ``i`` by
+        ``2^exps[i]`` when ``exps`` is given; rows flagged in ``skip`` are zeroed (their answer
+        comes from the float64 path). Returns float32/int64 arrays.
         """
         W = self.W_ if W is None else W
         N = H.shape[0]
@@ -232,7 +386,16 @@ class Decoder:
             second_idx = np.full(N, -1, dtype=np.int64)
         bufs: dict = {}
         for p0 in range(0, N, nb):
-            xb = np.ascontiguousarray(H[p0 : p0 + nb], dtype=np.float32)
+            if exps is None and skip is None:
+                xb = np.ascontiguousarray(H[p0 : p0 + nb], dtype=np.float32)
+            else:
+                x64 = np.asarray(H[p0 : p0 + nb], dtype=np.float64)
+                if exps is not None:
+                    x64 = np.ldexp(x64, -exps[p0 : p0 + nb][:, None])
+                with np.errstate(over="ignore"):
+                    xb = np.ascontiguousarray(x64, dtype=np.float32)
+                if skip is not None:
+                    xb[skip[p0 : p0 + nb]] = 0.0
             rows = xb.shape[0]
             for v0 in range(0, V, vb):
                 wb = W[v0 : v0 + vb]
@@ -250,7 +413,10 @@ class Decoder:
                     _kernels.running_argmax_update(
                         buf, bias[v0 : v0 + vb], v0, best_val[p0 : p0 + rows], best_idx[p0 : p0 + rows]
                     )
-        if not np.isfinite(best_val).all() or (top2 and V > 1 and not np.isfinite(second_val).all()):
+        live = slice(None) if skip is None else ~skip
+        if not np.isfinite(best_val[live]).all() or (
+            top2 and V > 1 and not np.isfinite(second_val[live]).all()
+        ):  # pragma: no cover - _plan sends every row that could overflow to float64
             raise ValueError(
                 "H: the float32 logits overflow (|W h + b| beyond 3.4e38); rescale the hidden states"
             )
@@ -265,7 +431,7 @@ class Decoder:
         Parameters
         ----------
         H : array_like of float32 or float64, shape (N, d) or (d,)
-            Hidden states (after the final norm).
+            Hidden states (after the final norm), at any scale float64 holds.
         method : {"argmax", "nearest"}, default "argmax"
             ``"argmax"``: ``argmax_t (w_t . h + b_t)``, the decoder cell. ``"nearest"``: the
             Euclidean nearest row ``argmin_t |h - w_t|`` (a Voronoi cell, ignoring ``b``), for
@@ -281,7 +447,8 @@ class Decoder:
         TypeError
             ``H`` not a real float array (float16, integers refused).
         ValueError
-            NaN/inf, wrong dimension, empty, unknown ``method``, float32 overflow of the logits.
+            NaN/inf, wrong dimension, empty, unknown ``method``, or logits beyond the float64
+            range (a row of norm near ``1e308`` with a bias or for ``"nearest"``).
 
         Notes
         -----
@@ -289,10 +456,17 @@ class Decoder:
         ``vocab_block`` tokens (BLAS) and folded into a running argmax by a numba kernel
         (:func:`embgeom._kernels.running_argmax_update`); the ``(N, |V|)`` logits are never
         held. Logits are float32, as in a float32 model.
+
+        Scale: without a bias (``method="argmax"``, ``bias=None``) the cell of ``h`` is the cell
+        of ``s h`` for every ``s > 0``, so each row is divided by a power of two that brings its
+        largest entry into ``[0.5, 1)`` before the float32 cast (exact): ``H * 1e-46`` and
+        ``H * 1e160`` get the cells of ``H``. With a bias (and for ``"nearest"``) scaling is not
+        an equivalence; rows whose float32 product could overflow or underflow (see
+        :meth:`_plan`) are computed exactly in float64 instead.
         """
-        bias = self._bias_for(method)
         H = self._check_H(H)
-        return self._scan(H, bias, top2=False)[1]
+        self._bias_for(method)  # validates method before any work
+        return self._winners(H, method, top2=False)[0]
 
     def margins(self, H) -> np.ndarray:
         """Top-1 minus top-2 logit of each hidden state (0 on a tie; ``inf`` when ``|V| = 1``).
@@ -303,17 +477,37 @@ class Decoder:
 
         Returns
         -------
-        numpy.ndarray of float32, shape (N,)
-            ``z_(1) - z_(2) >= 0`` in logit units (nats of the softmax's log-odds).
+        numpy.ndarray of float64, shape (N,)
+            ``z_(1) - z_(2) >= 0`` in logit units (nats of the softmax's log-odds), in the true
+            units of ``H``: the two tokens are found as in :meth:`assign` (float32, scale-free
+            without a bias), then ``(w_1 - w_2) . h + (b_1 - b_2)`` is computed in float64 (for a
+            bias-free decoder on the normalised row, times its power-of-two scale). A pair whose
+            float64 order differs from float32's (a tie at float32 resolution) gets 0.
 
         Raises
         ------
         TypeError, ValueError
-            As :meth:`assign`.
+            As :meth:`assign`; a margin beyond the float64 range.
         """
         H = self._check_H(H)
-        b1, _, b2, _ = self._scan(H, self._bias_for("argmax"), top2=True)
-        return (b1 - b2).astype(np.float32)
+        i1, i2, exps, b64 = self._winners(H, "argmax", top2=True)
+        if self.n_tokens == 1:
+            return np.full(H.shape[0], np.inf)
+        N = H.shape[0]
+        out = np.empty(N)
+        step = max(1, self.point_block)
+        for p0 in range(0, N, step):
+            rows = np.arange(p0, min(p0 + step, N))
+            X = self._rows64(H, rows, exps)
+            D = self.W_[i1[rows]].astype(np.float64) - self.W_[i2[rows]].astype(np.float64)
+            m = np.einsum("ij,ij->i", X, D)
+            if b64 is not None:
+                m = m + (b64[i1[rows]] - b64[i2[rows]])
+            with np.errstate(over="ignore"):
+                out[rows] = m if exps is None else np.ldexp(m, exps[rows])
+        if not np.isfinite(out).all():
+            raise ValueError("H: the margins exceed the float64 range (about 1.8e308); rescale the hidden states")
+        return np.maximum(out, 0.0)
 
     def top2(self, H):
         """Top-1 and top-2 logits and tokens of each hidden state.
@@ -324,20 +518,24 @@ class Decoder:
 
         Returns
         -------
-        best_val : float32 (N,)
+        best_val : float64 (N,)
+            ``w_1 . h + b_1`` computed in float64 in the true units of ``H`` (as in
+            :meth:`margins`).
         best_idx : int64 (N,)
             Same as :meth:`assign` (ties to the lowest id).
-        second_val : float32 (N,)
+        second_val : float64 (N,)
+            ``-inf`` when ``|V| = 1``.
         second_idx : int64 (N,)
             The runner-up (the next lowest id on a tie); ``-1`` when ``|V| = 1``.
 
         Raises
         ------
         TypeError, ValueError
-            As :meth:`assign`.
+            As :meth:`assign`; logits beyond the float64 range.
         """
         H = self._check_H(H)
-        return self._scan(H, self._bias_for("argmax"), top2=True)
+        i1, i2, exps, b64 = self._winners(H, "argmax", top2=True)
+        return self._logits_at(H, i1, exps, b64), i1, self._logits_at(H, i2, exps, b64), i2
 
     # ------------------------------------------------------------------ exact cell facts
     def unargmaxable(
@@ -351,6 +549,8 @@ class Decoder:
         lp_time_limit: float = 300.0,
         tol: float = 1e-9,
         progress: bool = True,
+        executor="local",
+        chunk_size: int | None = None,
     ) -> "UnargmaxableResult":
         """The tokens whose cell is empty (never the greedy output), decided exactly.
 
@@ -407,11 +607,24 @@ class Decoder:
             feasibility tolerance is 1e-9; a cell whose depth is within ``tol`` is a boundary
             case and is reported empty).
         progress : bool, default True
-            tqdm progress bars.
+            tqdm progress bars (over chunks of tokens).
+        executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+            Where the witness and LP tasks run (:mod:`embgeom.parallel`). The set-up (distinct
+            rows, region, whitening; about ``|V| d^2`` flops) is computed once here and shipped
+            to the tasks once (``ray.put``). A name starts and afterwards closes its executor;
+            pass an instance to reuse one connection.
+        chunk_size : int, optional
+            Tokens per witness task (default 2048), rounded up to a multiple of ``batch_size``;
+            LP tasks take ``chunk_size // 32`` tokens (a multiple of 64). Chunks follow the
+            batches of the unchunked scan, so the verdicts and status codes do not depend on
+            ``chunk_size`` or the executor; it changes only the speed.
 
         Returns
         -------
         UnargmaxableResult
+            ``extra`` holds ``n_distinct_rows``, ``executor``, ``phase_seconds`` (wall
+            seconds of the set-up, of shipping it, of the witness and of the LP phase) and,
+            when LPs ran, ``lp_iterations_mean``.
 
         Raises
         ------
@@ -426,9 +639,12 @@ class Decoder:
             max_lp = check_positive_int(max_lp, "max_lp", minimum=0)
         lp_time_limit = check_positive(lp_time_limit, "lp_time_limit")
         tol = check_positive(tol, "tol", allow_zero=True)
-        return _scan_unargmaxable(
+        from ._unargmaxable import scan
+
+        return scan(
             self, support, tokens=tokens, witness_steps=witness_steps, batch_size=batch_size,
             max_lp=max_lp, lp_time_limit=lp_time_limit, tol=tol, progress=progress,
+            executor=executor, chunk_size=chunk_size,
         )
 
     def chebyshev_center(self, t, support=None, *, radius: float = 1.0, max_iter: int = 200):
@@ -554,6 +770,22 @@ class _Region:
     R: np.ndarray | None  # rotation (rows = box axes) or None
     name: str
     directions: bool  # witnesses are directions of a cone (bias ignored), not points
+    scale_exp: int = 0  # region coordinates are true coordinates / 2^scale_exp
+
+
+def _scaled_box(lb: np.ndarray, ub: np.ndarray, b64: np.ndarray | None):
+    """The box and the bias divided by the power of two nearest the box's size.
+
+    ``h = 2^k u`` turns ``(w_t - w_s) . h + (b_t - b_s) >= r |w_t - w_s|`` into
+    ``(w_t - w_s) . u + (b_t - b_s) / 2^k >= (r / 2^k) |w_t - w_s|``: the same cells and the
+    same answers, with the LPs, the witnesses and the tolerances at unit scale (a box of
+    half-width 1e-160 or 1e160 would otherwise fall below HiGHS's absolute tolerances or
+    overflow the float32 witness check). Exact (a power of two). Returns ``(lb, ub, c, k)``.
+    """
+    m = float(max(np.abs(lb).max(), np.abs(ub).max()))
+    k = int(np.round(np.log2(m))) if m > 0 else 0
+    c = None if b64 is None else np.ldexp(b64, -k)
+    return np.ldexp(lb, -k), np.ldexp(ub, -k), c, k
 
 
 def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, radius: float = 1.0) -> _Region:
@@ -562,7 +794,10 @@ def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, r
     d = W64.shape[1]
     ones = np.ones(d)
     if support is None:
-        return _Region(W64, b64, -radius * ones, radius * ones, b64 is not None, None, "none", True)
+        if radius == 1.0:  # the scan's free space: unit box (and tau for a bias), nothing to scale
+            return _Region(W64, b64, -ones, ones, b64 is not None, None, "none", True)
+        lb, ub, c, k = _scaled_box(-radius * ones, radius * ones, b64)
+        return _Region(W64, c, lb, ub, b64 is not None, None, "none", True, k)
     if not all(hasattr(type(support), m) for m in ("lp_region", "star_about_origin")):
         raise TypeError(
             "support: expected an embgeom.supports.Support (with .dim, .lp_region(), "
@@ -577,7 +812,8 @@ def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, r
         lb = np.asarray(box.lower, dtype=np.float64)
         ub = np.asarray(box.upper, dtype=np.float64)
         Wr = W64 if R is None else W64 @ np.asarray(R, dtype=np.float64).T
-        return _Region(np.ascontiguousarray(Wr), b64, lb, ub, False, R, label, False)
+        lb, ub, c, k = _scaled_box(lb, ub, b64)
+        return _Region(np.ascontiguousarray(Wr), c, lb, ub, False, R, label, False, k)
     if b64 is None and support.star_about_origin():
         # cells are cones with apex 0 and the support meets every ray from an interior origin:
         # a cell meets the support's interior iff it has an interior at all
@@ -590,239 +826,25 @@ def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, r
     )
 
 
-def _unique_rows(W32: np.ndarray, b32: np.ndarray | None):
-    """Ids of the first occurrence of each distinct row ``(w_t, b_t)`` (sorted) and, per token, its representative."""
-    key = W32 + np.float32(0.0)  # -0.0 -> +0.0
-    if b32 is not None:
-        key = np.hstack([key, (b32 + np.float32(0.0))[:, None]])
-    key = np.ascontiguousarray(key)
-    void = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
-    _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
-    rep = first[inverse.ravel()].astype(np.int64)
-    return np.sort(first).astype(np.int64), rep
+def _check_bias_at_scale(c: np.ndarray, region: _Region, name: str = "support", limit: float = 3e38,
+                         floor: float = float(np.finfo(np.float32).tiny)) -> None:
+    """Refuse a box whose size is out of all proportion to the bias (beyond float32's range).
 
-
-def _witness_pass(dec_u: Decoder, Y: np.ndarray, ts: np.ndarray, region: _Region, bias_max: float, row_max: float):
-    """Check candidate points (region coordinates) for a batch; returns (ok, best_idx, second_idx)."""
-    H = Y if region.R is None else Y @ region.R
-    H32 = H.astype(np.float32)
-    b1, i1, b2, i2 = dec_u.top2(H32)
-    hn = np.linalg.norm(H32.astype(np.float64), axis=1)
-    err = _gamma(dec_u.dim + 2, _UNIT_ROUNDOFF32) * (row_max * hn + bias_max) * 1.01 + 1e-30
-    ok = (i1 == ts) & ((b1.astype(np.float64) - b2.astype(np.float64)) > 2.0 * err)
-    if not region.directions:  # points in a box region: they must lie inside it
-        lb, ub = region.lb, region.ub
-        Yc = H32.astype(np.float64) if region.R is None else H32.astype(np.float64) @ region.R.T
-        ok &= np.all((Yc >= lb) & (Yc <= ub), axis=1)
-    return ok, i1, i2
-
-
-def _box_points(D: np.ndarray, region: _Region, corner: bool) -> np.ndarray:
-    """Points inside the box along directions ``D`` from its centre (0.999 of the way to the wall)."""
-    centre = 0.5 * (region.lb + region.ub)
-    half = 0.5 * (region.ub - region.lb)
-    if corner:
-        return centre + 0.999 * half * np.sign(D)
-    scale = np.max(np.abs(D) / np.maximum(half, 1e-300), axis=1, keepdims=True)
-    scale[scale == 0] = 1.0
-    return centre + 0.999 * D / scale
-
-
-def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: float, k_add: int):
-    """Cutting-plane LP for token ``t`` (an index into ``region.Wr``). Returns (status, y, n_iter)."""
-    from scipy.optimize import linprog
-
-    Wr, c = region.Wr, region.c
-    V, d = Wr.shape
-    wt = Wr[t]
-    ct = 0.0 if c is None else c[t]
-    S = np.unique(S0[(S0 >= 0) & (S0 != t)])
-    homog = region.homog
-    n = d + (1 if homog else 0) + 1
-    bounds = [(float(lo), float(hi)) for lo, hi in zip(region.lb, region.ub)]
-    if homog:
-        bounds.append((0.0, 1.0))
-    bounds.append((None, None))
-    cost = np.zeros(n)
-    cost[-1] = -1.0
-    t0 = time.perf_counter()
-    gam = _gamma(d + 2, 2.0**-53)
-    row_max = float(np.max(np.linalg.norm(Wr, axis=1)))
-    bias_max = 0.0 if c is None else float(np.max(np.abs(c)))
-    for it in range(1, 10_000):
-        A = np.empty((S.size, n))
-        A[:, :d] = Wr[S] - wt
-        if homog:
-            A[:, d] = c[S] - ct
-            rhs = np.zeros(S.size)
-        else:
-            rhs = np.zeros(S.size) if c is None else ct - c[S]
-        A[:, -1] = 1.0
-        left = time_limit - (time.perf_counter() - t0)
-        if left <= 0:
-            return "undecided", None, it
-        res = linprog(cost, A_ub=A, b_ub=rhs, bounds=bounds, method="highs", options={"time_limit": left})
-        if res.status != 0:
-            return "undecided", None, it
-        s_opt = -res.fun
-        if s_opt <= tol:
-            return "lp_empty", None, it
-        x = res.x
-        y = x[:d]
-        tau = x[d] if homog else 1.0
-        m = Wr @ (-y) + wt @ y  # (w_t - w_s) . y for all s
-        if c is not None:
-            m += tau * (ct - c)
-        m[t] = np.inf
-        err = 4.0 * gam * (row_max * float(np.linalg.norm(y)) + bias_max) + 1e-300
-        if m.min() > err:
-            return "lp_witness", y, it
-        # add the most violated constraints not yet present
-        order = np.argsort(m)[: k_add + S.size]
-        new = np.setdiff1d(order[m[order] <= max(s_opt, err)], S, assume_unique=False)[:k_add]
-        if new.size == 0:
-            return "undecided", y, it
-        S = np.union1d(S, new)
-    return "undecided", None, it
-
-
-def _scan_unargmaxable(dec: Decoder, support, *, tokens, witness_steps, batch_size, max_lp, lp_time_limit, tol, progress):
-    from tqdm.auto import tqdm
-
-    t_start = time.perf_counter()
-    V, d = dec.n_tokens, dec.dim
-    status = np.full(V, STATUS_NAMES.index("skipped"), dtype=np.int8)
-    if tokens is None:
-        want = np.arange(V, dtype=np.int64)
-    else:
-        want = np.asarray(tokens)
-        if want.dtype.kind not in "iu" or want.ndim != 1:
-            raise TypeError("tokens: expected a 1-d array of integer token ids")
-        want = np.unique(want.astype(np.int64))
-        if want.size and (want[0] < 0 or want[-1] >= V):
-            raise ValueError(f"tokens: ids must lie in [0, {V}), got {want[0]}..{want[-1]}")
-    uniq, rep = _unique_rows(dec.W_, dec.bias_)
-    W64 = dec.W_[uniq].astype(np.float64)
-    b64 = None if dec.bias_ is None else dec.bias_[uniq].astype(np.float64)
-    region = _region(dec, support, W64, b64)
-    dup = want[rep[want] != want]
-    status[dup] = STATUS_NAMES.index("duplicate")
-    todo_ids = want[rep[want] == want]
-    pos = np.searchsorted(uniq, todo_ids)  # index into the unique rows
-    n_u = uniq.size
-    extra = {"n_distinct_rows": int(n_u)}
-    if n_u == 1:
-        status[todo_ids] = STATUS_NAMES.index("witness")
-        pos = pos[:0]
-    # the fast float32 decoder over the distinct rows (bias ignored when witnesses are directions)
-    dec_u = Decoder(dec.W_[uniq], None if region.directions or dec.bias_ is None else dec.bias_[uniq],
-                    point_block=dec.point_block, vocab_block=dec.vocab_block)
-    row_max = float(np.max(np.linalg.norm(W64, axis=1)))
-    bias_max = 0.0 if (region.directions or b64 is None) else float(np.max(np.abs(b64)))
-    Wr = region.Wr
-    mu = Wr.mean(axis=0)
-    cov = np.cov(Wr.T) if n_u > 1 else np.eye(d)
-    cov = np.atleast_2d(cov)
-    ridge = 1e-6 * max(float(np.trace(cov)) / d, 1e-30)
-    Cinv = np.linalg.inv(cov + ridge * np.eye(d))
-
-    won = np.zeros(pos.size, dtype=bool)
-    last = np.zeros((pos.size, d))
-    bar = tqdm(total=int(pos.size), desc="unargmaxable: witnesses", unit="tok", disable=not progress)
-    for s0 in range(0, pos.size, batch_size):
-        idx = pos[s0 : s0 + batch_size]
-        D0 = (Wr[idx] - mu) @ Cinv
-        cands = [D0, Wr[idx] - mu, Wr[idx]]
-        ok_b = np.zeros(idx.size, dtype=bool)
-        cur = D0.copy()
-        comp = None
-        for D in cands:
-            sub = np.flatnonzero(~ok_b)
-            if sub.size == 0:
-                break
-            if region.directions:
-                Ys = [D[sub]]
-            else:
-                Ys = [_box_points(D[sub], region, corner=False), _box_points(D[sub], region, corner=True)]
-            for k, Y in enumerate(Ys):
-                live = ~ok_b[sub]
-                if not live.any():
-                    break
-                ok, i1, i2 = _witness_pass(dec_u, Y[live], idx[sub[live]], region, bias_max, row_max)
-                ok_b[sub[live][ok]] = True
-                if comp is None:  # first pass: every token of the batch, at the whitened point
-                    comp = np.where(i1 == idx, i2, i1)
-        # margin ascent from the whitened direction for the stragglers
-        rest = np.flatnonzero(~ok_b)
-        if rest.size and witness_steps and comp is not None:
-            if region.directions:
-                h = cur[rest] / np.maximum(np.linalg.norm(cur[rest], axis=1, keepdims=True), 1e-300)
-            else:
-                h = _box_points(cur[rest], region, corner=False)
-            cpt = comp[rest]
-            alive = np.ones(rest.size, dtype=bool)
-            for step in range(witness_steps):
-                cand = np.flatnonzero(alive)
-                if cand.size == 0:
-                    break
-                g = Wr[idx[rest[cand]]] - Wr[np.maximum(cpt[cand], 0)]
-                g /= np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
-                eta = 0.3 / math.sqrt(step + 1)
-                if region.directions:
-                    hn = h[cand] + eta * g
-                    hn /= np.maximum(np.linalg.norm(hn, axis=1, keepdims=True), 1e-300)
-                else:
-                    centre = 0.5 * (region.lb + region.ub)
-                    half = 0.5 * (region.ub - region.lb)
-                    hn = centre + np.clip(h[cand] - centre + eta * half * g / np.maximum(np.abs(g).max(axis=1, keepdims=True), 1e-300),
-                                          -0.999 * half, 0.999 * half)
-                h[cand] = hn
-                ok, i1, i2 = _witness_pass(dec_u, hn, idx[rest[cand]], region, bias_max, row_max)
-                alive[cand[ok]] = False
-                ok_b[rest[cand[ok]]] = True
-                cpt[cand] = np.where(i1 == idx[rest[cand]], i2, i1)
-            last[s0 + rest] = h
-        won[s0 : s0 + idx.size] = ok_b
-        still = np.flatnonzero(~ok_b)
-        if still.size and not (rest.size and witness_steps):
-            last[s0 + still] = D0[still]
-        bar.update(idx.size)
-    bar.close()
-    status[uniq[pos[won]]] = STATUS_NAMES.index("witness")
-
-    # linear programs for the tokens without a witness
-    need = np.flatnonzero(~won)
-    n_lp = 0
-    if need.size:
-        if max_lp is not None and need.size > max_lp:
-            status[uniq[pos[need[max_lp:]]]] = STATUS_NAMES.index("undecided")
-            need = need[:max_lp]
-        k0 = min(n_u - 1, max(d // 2, 64))
-        k_add = min(n_u - 1, 64)
-        bar = tqdm(total=int(need.size), desc="unargmaxable: LPs", unit="tok", disable=not progress)
-        iters = []
-        for s0 in range(0, need.size, 64):
-            chunk = need[s0 : s0 + 64]
-            Y = last[chunk]
-            scores = Y @ Wr.T
-            if region.c is not None and not region.directions:
-                scores += region.c
-            S0s = _kernels.topk_competitors(np.ascontiguousarray(scores), pos[chunk].astype(np.int64), int(k0))
-            for j, q in enumerate(chunk):
-                t_u = int(pos[q])
-                st, _, it = _lp_token(region, t_u, S0s[j], tol, lp_time_limit, k_add)
-                iters.append(it)
-                status[uniq[t_u]] = STATUS_NAMES.index(st)
-                n_lp += 1
-                bar.update(1)
-        bar.close()
-        extra["lp_iterations_mean"] = float(np.mean(iters)) if iters else 0.0
-    empty = np.isin(status, [STATUS_NAMES.index("lp_empty"), STATUS_NAMES.index("duplicate")])
-    n_und = int((status == STATUS_NAMES.index("undecided")).sum())
-    return UnargmaxableResult(
-        tokens=np.flatnonzero(empty).astype(np.int64), status=status, n_lp=n_lp, n_undecided=n_und,
-        seconds=time.perf_counter() - t_start, support=region.name, extra=extra,
-    )
+    In the box's unit coordinates the bias is ``b / 2^k``; the witnesses are checked by the
+    float32 decoder, which cannot hold it when ``|b| / 2^k`` passes 3.4e38 (a box far smaller
+    than the bias: ``W h`` is below the bias's own rounding everywhere in it) or when nonzero
+    entries fall below 1.2e-38 (a box far larger: the bias is below the rounding of ``W h``).
+    """
+    a = np.abs(c)
+    nz = a[a > 0]
+    if nz.size and (float(nz.max()) >= limit or float(nz.min()) < floor):
+        raise ValueError(
+            f"{name}: the box (size about 2^{region.scale_exp}) is out of proportion to the bias "
+            f"(|b| from {float(nz.min()) * 2.0**region.scale_exp:.3g} to {float(nz.max()) * 2.0**region.scale_exp:.3g}): "
+            "in its unit coordinates the bias leaves the range where W h and b can be compared "
+            "(float32 for the witnesses, HiGHS's 1e15 for the LPs); use a box closer to the "
+            "scale of b / |w|"
+        )
 
 
 def _chebyshev_center(dec: Decoder, t, support, *, radius: float, max_iter: int):
@@ -841,6 +863,8 @@ def _chebyshev_center(dec: Decoder, t, support, *, radius: float, max_iter: int)
         raise TypeError("support: chebyshev_center handles None (a box of half-width radius) or a "
                         "support with linear constraints (Box)")
     Wr, c = region.Wr, region.c
+    if c is not None:  # HiGHS reads |x| >= 1e20 as infinite; a bias of 1e15 box-widths is beyond it
+        _check_bias_at_scale(c, region, "support" if support is not None else "radius", limit=1e15, floor=0.0)
     wt = Wr[t]
     ct = 0.0 if c is None else c[t]
     diff = wt - Wr
@@ -877,6 +901,7 @@ def _chebyshev_center(dec: Decoder, t, support, *, radius: float, max_iter: int)
         bad = np.setdiff1d(bad[np.argsort(viol[bad])][: max(d // 2, 32)], S)
         if bad.size == 0:
             h = y if region.R is None else y @ region.R
-            return h, float(r)
+            k = region.scale_exp  # back to true coordinates (exact)
+            return np.ldexp(h, k), math.ldexp(float(r), k)
         S = np.union1d(S, bad)
     raise ValueError(f"chebyshev_center: no convergence in {max_iter} cutting-plane iterations")

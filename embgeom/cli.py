@@ -1,23 +1,56 @@
 """Command-line front end: ``embgeom report``, ``embgeom cram``, ``embgeom copy``.
 
-Argument parsing only, and light: building the parser imports nothing heavy (no torch, numba or
-scipy); each sub-command imports its module inside its handler. The work is done by
-:mod:`embgeom.report`, :mod:`embgeom.cramming` and :mod:`embgeom.copying`. Bad input (an unknown model, a non-positive count, ``--out`` pointing at
-a file, a missing model package) ends with one line on stderr and exit code 2, no traceback.
+Argument parsing only, and light: building the parser imports nothing heavy (no torch, numba,
+scipy or numpy); each sub-command imports its module inside its handler. The work is done by
+:mod:`embgeom.report`, :mod:`embgeom.cramming` and :mod:`embgeom.copying`.
+
+Errors, in three kinds:
+
+- bad input (an unknown model, a non-positive count, ``--out`` that cannot be written, a missing
+  model package, any ``OSError`` such as a full disk) ends with one line on stderr and exit
+  code 2, no traceback. Output folders are checked before any model is loaded;
+- an internal error (an exception that embgeom did not raise on purpose: a bug) ends with one
+  line that says so and exit code 1; ``--debug`` shows its traceback (and that of any error);
+- Ctrl-C ends with exit code 130.
+
+Every sub-command takes ``-q/--quiet``, ``-v/--verbose``, ``--no-progress`` and ``--debug``.
+Progress bars are drawn only when stderr is a terminal. Results go to files (JSON plus a
+readable table); the terminal gets a short summary and the files' paths.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
+_log = logging.getLogger("embgeom.cli")
+
 
 class UsageError(ValueError):
     """A command-line argument that cannot be used (reported with exit code 2)."""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: ...)`` after each option's help, except where the default is ``None``
+    or ``False`` (the help text says what happens then)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or isinstance(
+                action, argparse._CountAction):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def _positive_int(text: str) -> int:
@@ -40,10 +73,20 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (v >= 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return v
+
+
 def _out_dir(text: str) -> Path:
-    p = Path(text)
+    p = Path(text).expanduser()
     if p.exists() and not p.is_dir():
-        raise argparse.ArgumentTypeError(f"--out {text!r} exists and is not a folder")
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
     return p
 
 
@@ -63,16 +106,69 @@ def _start_token(text: str):
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``embgeom`` argument parser (sub-commands ``report``, ``cram``, ``copy``)."""
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every sub-command takes (a parent parser)."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("output and diagnostics")
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="print only errors and the final summary: no progress bars, no "
+                   "warnings, no log messages")
+    g.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more log messages on stderr: -v info, -vv debug (default: warnings "
+                   "only)")
+    g.add_argument("--no-progress", action="store_true",
+                   help="hide progress bars (they are drawn only when stderr is a terminal)")
+    g.add_argument("--debug", action="store_true",
+                   help="show the full traceback of any error instead of one line")
+    return common
+
+
+def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
+    """The ``embgeom`` argument parser (sub-commands ``report``, ``cram``, ``copy``).
+
+    Parameters
+    ----------
+    executor_flags : bool, default True
+        Add ``--executor`` and the Ray flags (:func:`embgeom.parallel.add_executor_arguments`)
+        to ``report`` and ``cram``. That imports numpy; :func:`main` leaves them out when the
+        command line names neither command (``embgeom --help``, ``embgeom --version``), which
+        keeps those instant.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
+    if executor_flags:
+        from .parallel import add_executor_arguments
+    else:
+        def add_executor_arguments(parser):
+            return None
+
     parser = argparse.ArgumentParser(
         prog="embgeom",
         description="Embedding-space geometry and the limits it puts on what a language model "
         "can generate.",
+        epilog="Run 'embgeom COMMAND --help' for the options of a command.",
+        formatter_class=_HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options()
 
-    rep = sub.add_parser(
+    def command(name, **kw):
+        return sub.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kw)
+
+    rep = command(
         "report",
         help="accessibility report on a model (report.json, report.md, figures)",
         description="Sample hidden states, fit supports, estimate decoder cell volumes and turn "
@@ -80,138 +176,371 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--model", default="smollm2-135m",
                      help="registry name (smollm2-135m, gemma-3-270m), a Hugging Face folder or a "
-                     ".gguf file (default: smollm2-135m)")
+                     ".gguf file")
     rep.add_argument("--out", type=_out_dir, default=None,
                      help="output folder (default: reports/<model>)")
     rep.add_argument("--quick", action="store_true",
                      help="small sizes: finishes within about 2 minutes on 2 cores")
     rep.add_argument("--lengths", type=_positive_int, nargs="+", default=None,
-                     help="prompt lengths of the random token sequences (tokens)")
+                     help="prompt lengths of the random token sequences, in tokens (default: "
+                     "the size preset's, see docs/report.md)")
     rep.add_argument("--n-per-length", type=_positive_int, default=None,
-                     help="hidden states sampled per length")
+                     help="hidden states sampled per length (default: the size preset's)")
     rep.add_argument("--cell-samples", type=_positive_int, default=None,
-                     help="Monte Carlo samples for the cell volumes")
-    rep.add_argument("--seed", type=int, default=0, help="seed of every random draw")
-    rep.add_argument("--cache-dir", default=None,
-                     help="folder for the .npy cache of hidden states (default: none)")
-    rep.add_argument("--no-progress", action="store_true", help="hide progress bars")
+                     help="Monte Carlo points for the cell volumes (default: the size preset's)")
+    rep.add_argument("--seed", type=_seed, default=0,
+                     help="seed of every random draw (an integer >= 0); the held-out check uses "
+                     "seed + 1")
+    rep.add_argument("--cache-dir", type=_out_dir, default=None,
+                     help="folder for a .npy cache of the sampled hidden states (default: no cache)")
+    rep.add_argument("--cram-summary", default="auto",
+                     help="cram_summary.json (or its folder) of an `embgeom cram` run on this model, "
+                     "for C_emp; 'auto': the newest under benchmarks/results/ or runs/; 'none': "
+                     "do not look")
+    add_executor_arguments(rep)
 
-    cram = sub.add_parser(
+    cram = command(
         "cram",
         help="cramming: accessibility vs length, n50 and the empirical slope",
         description="Optimise m memory vectors (soft prompt) on a frozen model so that it emits "
-        "random targets; accessibility curves, n50(m) and the slope C_emp.",
+        "random targets; accessibility curves, n50(m) and the slope C_emp. Writes cram.jsonl "
+        "(resumable), cram_summary.json and cram_summary.md into --out.",
     )
-    cram.add_argument("--model", default="smollm2-135m")
-    cram.add_argument("--mem", type=_positive_int, nargs="+", default=[1],
-                      help="numbers of memory vectors m to sweep")
+    cram.add_argument("--model", default="smollm2-135m",
+                      help="registry name (smollm2-135m, gemma-3-270m), a Hugging Face folder or "
+                      "a .gguf file")
+    cram.add_argument("--mem", type=_positive_int, nargs="+", default=None,
+                      help="numbers of memory vectors m to sweep (default: 1)")
     cram.add_argument("--out", type=_out_dir, required=True, help="output folder")
     cram.add_argument("--lengths", type=_positive_int, nargs="+", default=None,
                       help="target lengths (tokens), each run; without it: adaptive search "
                       "(1, 2, 4, ... while accessibility >= 0.5, then bisection)")
     cram.add_argument("--adaptive", action="store_true",
                       help="use --lengths as the coarse grid of the adaptive search")
-    cram.add_argument("--n-targets", type=_positive_int, default=8,
-                      help="random targets per length")
-    cram.add_argument("--steps", type=_positive_int, default=1000, help="Adam steps at most")
-    cram.add_argument("--lr", type=_positive_float, default=1e-2, help="Adam learning rate")
-    cram.add_argument("--seed", type=int, default=0)
+    cram.add_argument("--n-targets", type=_positive_int, default=None,
+                      help="random targets per length (default: 8)")
+    cram.add_argument("--steps", type=_positive_int, default=None,
+                      help="Adam steps at most (default: 1000)")
+    cram.add_argument("--lr", type=_positive_float, default=None,
+                      help="Adam learning rate (default: 1e-2)")
+    cram.add_argument("--seed", type=_seed, default=0,
+                      help="seed of the targets and the memory vectors' initialisation (an "
+                      "integer >= 0)")
     cram.add_argument("--plot", action="store_true", help="write accessibility and n50 figures")
-    cram.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    cram.add_argument("--device", default=None,
+                      help="torch device (cpu, cuda, cuda:1, ...; default: cpu)")
     cram.add_argument("--start-token", type=_start_token, default="auto",
                       help="token placed before the memory vectors: auto (the tokenizer's BOS), "
                       "none, or a token id")
+    cram.add_argument("--precision", choices=("float32", "bf16-autocast"), default=None,
+                      help="precision of the model forward while optimising (default: float32); "
+                      "bf16-autocast is ~2x faster on a CPU with AVX-512 BF16, every stop and "
+                      "verdict is still judged in float32")
+    cram.add_argument("--weight-decay", type=_non_negative_float, default=None,
+                      help="AdamW weight decay on the memory vectors (default: 0)")
+    cram.add_argument("--patience", type=_positive_int, default=None,
+                      help="stop a target after this many steps without a new best accuracy "
+                      "(default: never)")
+    cram.add_argument("--protocol", choices=("paper",), default=None,
+                      help="paper: Kuratov et al.'s protocol sized for one 10-minute run on one "
+                      "H200 (5000 steps, patience 2000, AdamW lr 1e-2 betas 0.9 0.9 wd 0.01, "
+                      "bf16 autocast on cuda, all (m, n) rows in mixed batches; smollm2-135m "
+                      "m = 1..4, gemma-3-270m m = 1..2); any option given explicitly overrides "
+                      "the preset")
+    add_executor_arguments(cram)
 
-    cp = sub.add_parser(
+    cp = command(
         "copy",
         help="copy task: train a small transformer to copy and find the cliff",
         description="Train a small decoder-only transformer to copy sequences up to --l-train "
-        "tokens, evaluate up to 3x that length and locate the accuracy cliff.",
+        "tokens, evaluate up to 3x that length and locate the accuracy cliff. Writes "
+        "copy_summary.json, copy_accuracy.png and checkpoint/ into --out.",
     )
     cp.add_argument("--l-train", type=_positive_int, default=20,
                     help="longest training sequence (tokens)")
-    cp.add_argument("--alphabet", type=_positive_int, default=None,
-                    help="alphabet size (>= 2)")
-    cp.add_argument("--steps", type=_positive_int, default=None, help="training steps")
+    cp.add_argument("--alphabet", type=_positive_int, default=16, help="alphabet size (>= 2)")
+    cp.add_argument("--steps", type=_positive_int, default=2000, help="training steps")
     cp.add_argument("--out", type=_out_dir, required=True, help="output folder")
-    cp.add_argument("--seed", type=int, default=0)
+    cp.add_argument("--seed", type=_seed, default=0,
+                    help="master seed: initialisation, training and evaluation data get "
+                    "independent streams derived from it (an integer >= 0)")
     return parser
 
 
+# --------------------------------------------------------------------------------------------
+# Checks before any work
+# --------------------------------------------------------------------------------------------
+
+
+def _check_output_folder(path: Path, flag: str) -> None:
+    """Fail now, with one line, when ``path`` cannot become a writable folder.
+
+    Creates nothing: probes the folder (or, when it does not exist yet, its nearest existing
+    parent, where it would be created) with a temporary file that is removed at once.
+    """
+    probe = Path(path).expanduser()
+    try:
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        if not probe.is_dir():
+            raise UsageError(f"{flag}: {probe} is a file, so {path} cannot be a folder")
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except UsageError:
+        raise
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise UsageError(f"{flag}: cannot write into {probe} ({why})") from None
+
+
+def _progress(args) -> bool:
+    from ._progress import progress_enabled
+
+    return progress_enabled(not (args.no_progress or args.quiet))
+
+
+def _executor(args, device=None):
+    """The executor of the --executor flags, or None for the default local run."""
+    from .parallel import executor_from_args
+
+    try:
+        ex = executor_from_args(args, device=device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return None if args.executor == "local" else ex
+
+
+def _pass_executor(func, kwargs: dict, executor) -> None:
+    """Add ``executor=`` to ``kwargs`` when ``func`` takes it; refuse --executor ray otherwise."""
+    if executor is None:
+        return
+    import inspect
+
+    if "executor" not in inspect.signature(func).parameters:
+        raise UsageError(f"--executor ray: {func.__module__}.{func.__name__} does not run on an "
+                         "executor yet; use --executor local")
+    kwargs["executor"] = executor
+
+
+# --------------------------------------------------------------------------------------------
+# Sub-commands
+# --------------------------------------------------------------------------------------------
+
+
 def _cmd_report(args) -> dict:
+    out = args.out if args.out is not None else Path("reports") / Path(str(args.model)).name
+    _check_output_folder(out, "--out")
+    if args.cache_dir is not None:
+        _check_output_folder(args.cache_dir, "--cache-dir")
+    executor = _executor(args)
     from .report import build_report
 
-    out = args.out if args.out is not None else Path("reports") / Path(str(args.model)).name
-    return build_report(
-        args.model,
-        out,
-        quick=args.quick,
-        lengths=args.lengths,
-        n_per_length=args.n_per_length,
-        n_cell_samples=args.cell_samples,
-        seed=args.seed,
-        cache_dir=args.cache_dir,
-        progress=not args.no_progress,
-    )
+    kw = dict(quick=args.quick, lengths=args.lengths, n_per_length=args.n_per_length,
+              n_cell_samples=args.cell_samples, seed=args.seed, cache_dir=args.cache_dir,
+              cram_summary=None if args.cram_summary == "none" else args.cram_summary,
+              progress=_progress(args))
+    _pass_executor(build_report, kw, executor)
+    _log.info("report on %s into %s", args.model, out)
+    return build_report(args.model, out, **kw)
+
+
+#: ``embgeom cram`` options and their defaults without a protocol.
+_CRAM_DEFAULTS = {"mem": [1], "n_targets": 8, "steps": 1000, "lr": 1e-2, "device": "cpu",
+                  "precision": "float32", "weight_decay": 0.0, "patience": None}
+
+
+def _cram_kwargs(args) -> dict:
+    """The :func:`run_cram` arguments: the defaults or the ``--protocol`` preset, then every
+    option given on the command line."""
+    given = {k: getattr(args, k) for k in _CRAM_DEFAULTS if getattr(args, k) is not None}
+    if args.protocol is None:
+        d = {**_CRAM_DEFAULTS, **given}
+        return dict(mems=d["mem"], lengths=args.lengths, n_targets=d["n_targets"],
+                    steps=d["steps"], lr=d["lr"], seed=args.seed, plot=args.plot,
+                    adaptive=args.lengths is None or args.adaptive, device=d["device"],
+                    start_token=args.start_token, precision=d["precision"],
+                    weight_decay=d["weight_decay"], patience=d["patience"])
+    from ._cram_protocol import paper_protocol, run_cram_kwargs
+
+    if args.adaptive:
+        raise UsageError("--adaptive: the paper protocol runs a fixed grid of lengths")
+    kw = run_cram_kwargs(paper_protocol(str(args.model)))
+    renamed = {"mem": "mems"}
+    for k, v in given.items():
+        kw[renamed.get(k, k)] = v
+    if args.lengths is not None:
+        kw["lengths"] = {m: list(args.lengths) for m in kw["mems"]}
+    elif "mem" in given:
+        missing = [m for m in kw["mems"] if m not in kw["lengths"]]
+        if missing:
+            raise UsageError(f"--mem {missing}: the paper preset has no lengths for these m; "
+                             "give --lengths")
+        kw["lengths"] = {m: kw["lengths"][m] for m in kw["mems"]}
+    kw["start_token"] = args.start_token  # the preset's is "auto", the flag's default
+    overridden = sorted({*given, *(["lengths"] if args.lengths is not None else []),
+                         *(["start_token"] if args.start_token != "auto" else [])})
+    kw["protocol"] = {**kw["protocol"], "overridden": overridden}
+    return dict(kw, seed=args.seed, plot=args.plot)
 
 
 def _cmd_cram(args) -> dict:
+    _check_output_folder(args.out, "--out")
     from ._hf import check_device
+
+    kw = _cram_kwargs(args)
+    check_device(kw["device"])  # before the model loads: a bad --device fails at once
+    executor = _executor(args, device=kw["device"])
     from .cramming import run_cram
 
-    check_device(args.device)  # before the model loads: a bad --device fails at once
-
-    return run_cram(
-        args.model,
-        args.mem,
-        args.out,
-        lengths=args.lengths,
-        n_targets=args.n_targets,
-        steps=args.steps,
-        lr=args.lr,
-        seed=args.seed,
-        plot=args.plot,
-        adaptive=args.lengths is None or args.adaptive,
-        device=args.device,
-        start_token=args.start_token,
-    )
+    kw["progress"] = _progress(args)
+    _pass_executor(run_cram, kw, executor)
+    mems = kw.pop("mems")
+    _log.info("cramming %s with m in %s into %s", args.model, mems, args.out)
+    return run_cram(args.model, mems, args.out, **kw)
 
 
 def _cmd_copy(args) -> dict:
+    _check_output_folder(args.out, "--out")
     from .copying import run_copy
 
-    kw = {}
-    if args.alphabet is not None:
-        kw["alphabet"] = args.alphabet
-    if args.steps is not None:
-        kw["steps"] = args.steps
-    return run_copy(args.out, l_train=args.l_train, seed=args.seed, **kw)
+    _log.info("copy task, l_train %d, into %s", args.l_train, args.out)
+    return run_copy(args.out, l_train=args.l_train, alphabet=args.alphabet, steps=args.steps,
+                    seed=args.seed, progress=_progress(args))
+
+
+def _copy_lines(res: dict) -> list[str]:
+    """A short readable table of ``run_copy``'s summary (the full one is copy_summary.json)."""
+    cfg = res.get("config", {})
+    ev = res.get("evaluation", {})
+    lines = [f"copy task: alphabet {cfg.get('alphabet')}, trained on lengths <= "
+             f"{cfg.get('l_train')}, {cfg.get('steps')} steps, seed {cfg.get('seed')}"]
+    lengths, acc = ev.get("lengths"), ev.get("exact_match")
+    if lengths and acc:
+        lines.append("  length  exact match")
+        step = max(1, len(lengths) // 12)
+        for i in range(0, len(lengths), step):
+            lines.append(f"  {int(lengths[i]):6d}  {float(acc[i]):.3f}")
+    interval = res.get("cliff_interval")
+    lines.append(f"  cliff: {res.get('cliff')}" + (f" (interval {interval})" if interval else ""))
+    if res.get("bounds_note"):
+        lines.append(f"  {res['bounds_note']}")
+    if res.get("wall_s") is not None:
+        lines.append(f"  {float(res['wall_s']):.0f} s")
+    return lines
+
+
+def _print_result(command: str, result) -> None:
+    if not isinstance(result, dict):
+        return
+    if result.get("summary_lines"):
+        lines = list(result["summary_lines"])
+    elif command == "copy":
+        lines = _copy_lines(result)
+    else:
+        lines = [f"embgeom {command}: done"]
+    files = result.get("files") or {}
+    summary = files.get("summary") or files.get("summary_json")
+    if summary and not any(str(summary) in line for line in lines):
+        lines.append(f"full results: {summary}")
+    print("\n".join(lines))
+
+
+# --------------------------------------------------------------------------------------------
+# Errors and the entry point
+# --------------------------------------------------------------------------------------------
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _raised_on_purpose(exc: BaseException) -> bool:
+    """Whether embgeom raised ``exc`` itself, with a ``raise`` statement (an input check).
+
+    A ``ValueError``/``TypeError`` that comes out of numpy, torch or scipy, or out of an
+    expression in embgeom's own code (``None + 1``), is a bug, not bad input.
+    """
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = Path(tb.tb_frame.f_code.co_filename).resolve()
+    if _PACKAGE_DIR not in filename.parents:
+        return False
+    import linecache
+
+    return linecache.getline(str(filename), tb.tb_lineno).lstrip().startswith("raise")
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    if isinstance(exc, (UsageError, OSError, ModuleNotFoundError)):
+        return True
+    if isinstance(exc, (ValueError, TypeError)):
+        return _raised_on_purpose(exc)
+    return False
+
+
+def _setup_logging(args) -> None:
+    level = logging.ERROR if args.quiet else (
+        logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("embgeom: %(levelname)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(True)  # warnings.warn goes through logging: -q hides them
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``embgeom`` console script. Returns the exit code."""
+    """Entry point of the ``embgeom`` console script and of ``python -m embgeom``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit code: 0 done, 1 internal error, 2 bad input (argparse's too), 130 interrupted.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(executor_flags=bool({"report", "cram"} & set(argv)))
+    args = parser.parse_args(argv)
+    if args.quiet and args.verbose:
+        parser.error("-q/--quiet and -v/--verbose exclude each other")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     # torch's OpenMP threads spin while they wait; passive waits keep a busy machine usable.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    if not _progress(args):
+        # the bars of the libraries underneath (transformers' "Writing model shards", the GGUF
+        # loader's): huggingface_hub's switch, which transformers reads on import, and tqdm's
+        # own default for bars that do not pass disable= themselves
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    _setup_logging(args)
     handlers = {"report": _cmd_report, "cram": _cmd_cram, "copy": _cmd_copy}
     try:
         result = handlers[args.command](args)
-    except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError, NotADirectoryError,
-            FileExistsError) as exc:
-        print(f"embgeom {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("embgeom: interrupted", file=sys.stderr)
         return 130
-    if isinstance(result, dict) and result.get("summary_lines"):
-        print("\n".join(result["summary_lines"]))
-    elif isinstance(result, dict):
-        from ._json import dumps
-
-        print(dumps({k: v for k, v in result.items() if k != "summary_lines"}, indent=1)[:4000])
+    except Exception as exc:  # noqa: BLE001 - sorted into bad input and bugs just below
+        if args.debug:
+            raise
+        if _is_user_error(exc):
+            print(f"embgeom {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"embgeom {args.command}: internal error ({type(exc).__name__}: {exc}); this is a "
+              "bug, not your input: rerun with --debug for the traceback and report it",
+              file=sys.stderr)
+        return 1
+    finally:
+        logging.captureWarnings(False)
+    _print_result(args.command, result)
     return 0
 
 

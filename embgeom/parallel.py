@@ -41,6 +41,7 @@ import hashlib
 import numbers
 import time
 from collections.abc import Mapping
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -52,6 +53,7 @@ __all__ = [
     "RayExecutor",
     "get_executor",
     "map_keyed",
+    "executor_scope",
     "task_seed",
     "add_executor_arguments",
     "executor_from_args",
@@ -545,6 +547,32 @@ def get_executor(executor="local", *, ray_address: str | None = None, num_cpus: 
     if executor == "ray":
         return RayExecutor(ray_address, num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries, **ray_kwargs)
     raise ValueError(f"executor: expected one of {_EXECUTOR_NAMES} or an Executor, got {executor!r}")
+
+
+@contextmanager
+def executor_scope(executor="local"):
+    """``with executor_scope(executor) as ex``: the executor of :func:`get_executor`, closed at
+    the end only when it was made here from a name (an instance passed in stays open).
+
+    Parameters
+    ----------
+    executor : {"local", "ray"} or Executor, default "local"
+
+    Yields
+    ------
+    Executor
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`get_executor`.
+    """
+    ex = get_executor(executor)
+    try:
+        yield ex
+    finally:
+        if ex is not executor:
+            ex.close()
 
 
 def map_keyed(fn, tasks, *, executor="local", **kw) -> dict:

@@ -6,7 +6,7 @@ estimates ``vol(E_t ∩ S) / vol(S)``. Counts are multinomial, so each token's c
 ``Binomial(n, p_t)`` and gets an exact (Clopper-Pearson) or Wilson two-sided interval. Tokens with
 no hit keep an honest upper bound (``1 - (alpha/2)^(1/n)`` for Clopper-Pearson).
 
-These fractions feed the non-uniform-cell refinement of the paper (THEORY.md, "Refinements":
+These fractions feed the non-uniform-cell refinement of the paper (docs/theory.md, section 5 "The non-uniform-cell refinement and lambda":
 the per-token rate ``lambda``) and the cells section of the report.
 
 Reference: M. Meyer et al., "How Many Different Outputs Can a Transformer Generate?", ICML 2026,
@@ -17,7 +17,6 @@ Biometrika 26 (1934); E. B. Wilson, JASA 22 (1927).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -25,13 +24,12 @@ import numpy as np
 
 from . import _kernels
 from ._rare_event import ConeMeasure, log_cone_gaussian_measure
-from ._validation import check_positive_int, check_probability
+from ._validation import check_positive_int, check_probability, seed_sequence
 from .cells import Decoder
+from .parallel import executor_scope
 
-__all__ = [
-    "CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval", "cells_report_section",
-    "ConeMeasure", "log_cone_gaussian_measure",
-]
+__all__ = ["CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval",
+           "ConeMeasure", "log_cone_gaussian_measure"]
 
 
 def wilson_interval(successes, trials, confidence: float = 0.95):
@@ -298,54 +296,16 @@ class CellVolumes:
         Returns
         -------
         matplotlib Axes
+
+        Notes
+        -----
+        The drawing lives in :func:`embgeom.report.figures.plot_cell_histogram` (matplotlib's
+        object API; imported only when this method is called). The report draws the cells as a
+        rank plot instead (:func:`embgeom.report.figures.plot_cell_shares`).
         """
-        import matplotlib
+        from .report.figures import plot_cell_histogram
 
-        if ax is None:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        bins = check_positive_int(bins, "bins")
-        fig = None
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(7, 4))
-        rare = self.token_method == "rare-event"
-        if rare.any():  # rare-event log-shares: every estimated token, no zero-hit bar
-            hit = rare
-            n_empty = int((self.token_method == "empty").sum())
-            label = f"{int(rare.sum())} tokens, rare-event" + (
-                "" if rare.sum() + n_empty == rare.size else f" (token sample of {rare.size})"
-            ) + (f"; {n_empty} proven empty, not drawn" if n_empty else "")
-            x = self.log_fractions[rare] / math.log(10)
-        else:
-            hit = self.counts > 0
-            label = f"{int(hit.sum())} tokens with hits"
-            x = np.log10(self.fractions[hit])
-        if x.size:
-            lo, hi = float(x.min()), float(x.max())
-            if hi - lo < 1e-9:
-                lo, hi = lo - 0.5, hi + 0.5
-            edges = np.linspace(lo, hi, bins + 1)
-            ax.hist(x, bins=edges, color="C0", label=label)
-            width = (hi - lo) / bins
-        else:
-            lo, width = math.log10(1.0 / self.n_samples), 0.1
-        if self.n_zero and not rare.any():
-            ub = float(self.upper[~hit].max())
-            xz = lo - 3 * width
-            ax.bar([xz], [self.n_zero], width=2 * width, color="0.6",
-                   label=f"{self.n_zero} tokens with 0 hits (fraction < {ub:.1e})")
-            ax.annotate("0 hits", (xz, self.n_zero), ha="center", va="bottom", fontsize=8)
-        ax.set_xlabel("log10 cell-volume fraction")
-        ax.set_ylabel("number of tokens (log scale)")
-        ax.set_yscale("log")  # the large-cell tail holds few tokens: visible only in logs
-        ax.set_title(title or f"decoder cell volumes ({self.n_samples} samples, {self.sampling})")
-        ax.legend(fontsize=8)
-        if path is not None:
-            (fig or ax.figure).savefig(path, dpi=120, bbox_inches="tight")
-        if fig is not None and path is not None:
-            plt.close(fig)
-        return ax
+        return plot_cell_histogram(self, ax=ax, path=path, bins=bins, title=title)
 
 
 def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
@@ -354,7 +314,7 @@ def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
     With no bias every cell is a cone; when the support is an origin-centred ellipsoid ``G B``
     (``support.origin_ellipsoid_map()`` is not None) a cell's share of it is the standard
     Gaussian measure of ``G^{-1} E_t``, so Gaussian directions mapped by ``G`` give the same
-    estimate as uniform points (THEORY.md). Returns ``(directions, G32)`` with ``G32`` the
+    estimate as uniform points (docs/theory.md, section 1). Returns ``(directions, G32)`` with ``G32`` the
     float32 ``G.T`` to right-multiply rows by, or None when ``G`` is a positive multiple of the
     identity (no map needed: the cells are scale-invariant).
     """
@@ -369,6 +329,29 @@ def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
     if np.count_nonzero(G - np.diag(diag)) == 0 and np.all(diag == diag[0]) and diag[0] > 0:
         return True, None
     return True, np.ascontiguousarray(G.T, dtype=np.float32)
+
+
+#: Points per random block of :func:`cell_volumes`: block ``i`` draws its points from
+#: ``task_seed(root, i)`` (child ``i`` of ``root.spawn``), whatever ``batch_size`` and the
+#: executor, so those change the speed and never the counts. 8192, the earlier default
+#: ``batch_size``, keeps the counts of a default run as they were.
+SAMPLE_BLOCK = 8192
+
+
+def _count_blocks(blocks: tuple, *, decoder: Decoder, support, directions: bool, root,
+                  G32: np.ndarray | None = None) -> np.ndarray:
+    """One task of :func:`cell_volumes`: hits per token of the random blocks ``blocks``.
+
+    ``blocks`` is a tuple of ``(i, m)``: block ``i`` of ``m`` points drawn from
+    ``task_seed(root, i)``. Returns int64 (n_tokens,) summing to the points of all blocks.
+    """
+    from .parallel import task_seed
+
+    counts = np.zeros(decoder.n_tokens, dtype=np.int64)
+    for i, m in blocks:
+        counts += _count_chunk(m, decoder=decoder, support=support, directions=directions,
+                               seed=task_seed(root, i), G32=G32)
+    return counts
 
 
 def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
@@ -441,18 +424,21 @@ def cell_volumes(
     tokens="auto",
     n_chains: int = 128,
     rare_event_options: dict | None = None,
+    executor="local",
 ) -> CellVolumes:
     """Monte Carlo volume fraction of every decoder cell inside a support.
 
-    Points are drawn uniformly in ``support`` in chunks of ``batch_size`` (never all at once),
-    assigned with :meth:`Decoder.assign` (blocked product + numba running argmax) and counted with
-    a numba kernel. Chunk ``i`` draws from child ``i`` of ``numpy.random.SeedSequence(seed)``,
-    so the result depends on ``seed`` and ``batch_size`` only, not on timing or threads.
+    Points are drawn uniformly in ``support`` in blocks of :data:`SAMPLE_BLOCK` = 8192 (never
+    all at once), assigned with :meth:`Decoder.assign` (blocked product + numba running argmax)
+    and counted with a numba kernel. Block ``i`` draws from child ``i`` of the root
+    ``SeedSequence`` of ``seed`` (:func:`embgeom.parallel.task_seed`; the caller's
+    SeedSequence is not advanced), so the counts depend on ``seed`` and ``n_samples`` only:
+    not on ``batch_size``, the executor, the number of workers, timing or threads.
 
     When the decoder has no bias and the support is an origin-centred ellipsoid ``G B``
     (``support.origin_ellipsoid_map()`` returns ``G``: an origin-centred ball or ellipsoid, the
     final-norm shell without bias), every cell is a cone with apex at the origin and its share of
-    ``G B`` is the Gaussian measure of ``{x : G x in the cell}`` (THEORY.md, "Decoder cells"):
+    ``G B`` is the Gaussian measure of ``{x : G x in the cell}`` (docs/theory.md, section 1 "Cells, and the power diagram behind them"):
     then only Gaussian directions are drawn (float32) and mapped by ``G`` (not at all when ``G``
     is a multiple of the identity, the ball), the same estimate more cheaply
     (``sampling="directions"``).
@@ -466,13 +452,17 @@ def cell_volumes(
         :mod:`embgeom.supports`.
     n_samples : int
         Number of points (>= 1).
-    seed : None, int, or numpy.random.SeedSequence
+    seed : None, int, array_like of int, SeedSequence, BitGenerator or Generator
+        Anything ``numpy.random.default_rng`` takes (:func:`embgeom._validation.seed_sequence`;
+        a Generator is advanced by one ``spawn``, as a draw would advance it). ``None``: fresh
+        OS entropy.
     batch_size : int, default 8192
-        Points drawn per chunk.
+        Points per task, rounded to whole blocks of :data:`SAMPLE_BLOCK` (at least one): the
+        grouping of the blocks into tasks, which changes the speed, not the counts.
     confidence : float, default 0.95
     interval : {"clopper-pearson", "wilson"}
     progress : bool, default True
-        tqdm progress bar (points).
+        tqdm progress bar (tasks).
     method : {"auto", "uniform", "rare-event"}, default "auto"
         ``"uniform"``: the counts above only. ``"rare-event"``: also each token's log-share by
         multilevel splitting (:func:`embgeom._rare_event.log_cone_gaussian_measure`), which
@@ -490,6 +480,9 @@ def cell_volumes(
         for lambda and the histogram over a token sample).
     rare_event_options : dict, optional
         More keywords for :func:`embgeom._rare_event.log_cone_gaussian_measure`.
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the tasks run (:mod:`embgeom.parallel`); the decoder and the support are shipped
+        once (``ray.put``). A name starts and afterwards closes its executor.
 
     Returns
     -------
@@ -507,8 +500,6 @@ def cell_volumes(
         samples of the wrong shape or not finite, an unknown ``method``, ``method="rare-event"``
         with a bias or a support whose cells are not cones through its centre, bad ``tokens``.
     """
-    from tqdm.auto import tqdm
-
     if not isinstance(decoder, Decoder):
         raise TypeError(f"decoder: expected an embgeom.cells.Decoder, got {type(decoder).__name__}")
     n_samples = check_positive_int(n_samples, "n_samples")
@@ -534,36 +525,33 @@ def cell_volumes(
         if method == "rare-event":
             raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
                              f"centre, but {why_not}; use method='uniform' or 'auto'")
-    if isinstance(seed, np.random.SeedSequence):
-        root = seed
-    elif seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
-        root = np.random.SeedSequence(seed)
-    else:
-        raise TypeError(f"seed: expected None, an int or a SeedSequence, got {type(seed).__name__}")
+    root = seed_sequence(seed)
     try:
         log_vol = float(support.log_volume)
     except (AttributeError, RuntimeError):
         log_vol = float("nan")
     directions, G32 = _direction_map(decoder, support)
     t0 = time.perf_counter()
-    n_chunks = -(-n_samples // batch_size)
-    children = root.spawn(n_chunks)
+    blocks = [(i, min(SAMPLE_BLOCK, n_samples - s)) for i, s in enumerate(range(0, n_samples, SAMPLE_BLOCK))]
+    per_task = max(1, round(batch_size / SAMPLE_BLOCK))
+    tasks = {k: (tuple(blocks[j : j + per_task]),) for k, j in enumerate(range(0, len(blocks), per_task))}
+    with executor_scope(executor) as ex:
+        out = ex.map_keyed(_count_blocks, tasks, shared={"decoder": decoder, "support": support},
+                           kwargs={"directions": directions, "G32": G32, "root": root},
+                           progress=progress, desc="cell volumes")
     counts = np.zeros(decoder.n_tokens, dtype=np.int64)
-    bar = tqdm(total=n_samples, desc="cell volumes", unit="pt", disable=not progress)
-    for i, child in enumerate(children):
-        m = min(batch_size, n_samples - i * batch_size)
-        counts += _count_chunk(m, decoder=decoder, support=support, directions=directions,
-                               seed=child, G32=G32)
-        bar.update(m)
-    bar.close()
+    for c in out.values():  # integer sums: exact in any order
+        counts += c
     lower, upper = binomial_interval(counts, n_samples, confidence, interval)
-    extra = {"batch_size": batch_size, "method": "uniform" if method == "uniform" or why_not else "rare-event"}
+    extra = {"batch_size": batch_size, "sample_block": SAMPLE_BLOCK, "executor": ex.name,
+             "method": "uniform" if method == "uniform" or why_not else "rare-event"}
     logs = {}
     if method != "uniform" and why_not is None:
         logs, extra["rare_event"] = _rare_event_logs(
             decoder, G, _token_sample(tokens, decoder.n_tokens, root), counts, n_samples, lower,
             upper, int(root.entropy) if isinstance(root.entropy, (int, np.integer)) else 0,
-            n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress)
+            n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress,
+            executor=executor)
     elif why_not is not None:
         extra["rare_event"] = f"not applicable: {why_not}; uniform sampling only"
     return CellVolumes(
@@ -583,15 +571,46 @@ def cell_volumes(
     )
 
 
+#: Tokens per rare-event task (each token has its own seed, so the chunking changes no result).
+RARE_EVENT_CHUNK = 64
+
+
+def _rare_event_chunk(ids, *, W, G, seed, n_chains, confidence, opts):
+    """One rare-event task: :func:`log_cone_gaussian_measure` on a chunk of token ids."""
+    return log_cone_gaussian_measure(W, np.asarray(ids, dtype=np.int64), G, n_chains=n_chains,
+                                     confidence=confidence, seed=seed, progress=False, **opts)
+
+
+def _concat_measures(parts: list) -> ConeMeasure:
+    """Join per-chunk :class:`ConeMeasure` results (token order kept)."""
+    first = parts[0]
+    arrays = {f: np.concatenate([getattr(p, f) for p in parts])
+              for f in ("token_ids", "log_share", "log_lower", "log_upper", "std_err", "side",
+                        "n_levels", "n_constraints_used", "n_full_checks", "log_check_fraction",
+                        "seconds")}
+    return ConeMeasure(**arrays, confidence=first.confidence, params=first.params)
+
+
 def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, n_chains,
-                     confidence, options, progress):
-    """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens."""
+                     confidence, options, progress, executor="local"):
+    """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens.
+
+    Token chunks of :data:`RARE_EVENT_CHUNK` run as keyed tasks on ``executor`` (``W`` and
+    ``G`` shipped once); every token draws from its own seed, so the figures are the same for
+    every executor and chunking.
+    """
     opts = dict(options or {})
     for key in ("seed", "confidence", "n_chains", "G", "token_ids", "progress"):
         if key in opts:
             raise ValueError(f"rare_event_options: {key!r} is set by cell_volumes itself")
-    r = log_cone_gaussian_measure(decoder.W_, ids, G, n_chains=n_chains, confidence=confidence,
-                                  seed=seed, progress=progress, **opts)
+    tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)
+             for k, j in enumerate(range(0, ids.size, RARE_EVENT_CHUNK))}
+    with executor_scope(executor) as ex:
+        out = ex.map_keyed(_rare_event_chunk, tasks, shared={"W": decoder.W_, "G": G},
+                           kwargs={"seed": seed, "n_chains": n_chains, "confidence": confidence,
+                                   "opts": opts},
+                           progress=progress, desc="rare-event cells")
+    r = _concat_measures([out[k] for k in tasks])
     V = decoder.n_tokens
     log_f, log_lo, log_hi = (np.full(V, np.nan) for _ in range(3))
     method = np.full(V, "not estimated", dtype="<U13")
@@ -602,90 +621,11 @@ def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, 
             "token_method": method}, summary
 
 
-def cells_report_section(
-    decoder: Decoder,
-    support,
-    n_samples: int,
-    seed,
-    out_dir,
-    tokenizer=None,
-    *,
-    unargmaxable: str = "full",
-    max_lp: int | None = 200,
-    lp_time_limit: float = 60.0,
-    top_k: int = 20,
-    progress: bool = True,
-    return_volumes: bool = False,
-    method: str = "uniform",
-    tokens="auto",
-):
-    """The cells section of the report: cell volumes, the largest cells, unargmaxable tokens.
+def __getattr__(name):
+    # The report section moved to embgeom.report (this module writes no files); the old name
+    # still works.
+    if name == "cells_report_section":
+        from .report import cells_report_section
 
-    Writes ``cell_fractions.npy`` (float64 (n_tokens,)) and ``cell_volumes.png`` (the
-    histogram) into ``out_dir``.
-
-    Parameters
-    ----------
-    decoder : Decoder
-    support : Support
-        Where the hidden states live (the fitted support); passed to :func:`cell_volumes`.
-    n_samples : int
-        Monte Carlo points.
-    seed : int or None
-    out_dir : str or path-like
-        Existing or new folder.
-    tokenizer : optional
-        ``convert_ids_to_tokens`` gives the token strings of the largest cells.
-    unargmaxable : {"full", "off"}, default "full"
-        ``"full"``: the exact scan of every token over the whole space
-        (:meth:`Decoder.unargmaxable` with no support; the canonical notion of Grivas et al.
-        2022), at most ``max_lp`` LPs (the rest reported as undecided). ``"off"``: skipped.
-    max_lp : int or None, default 200
-    lp_time_limit : float, default 60
-        Seconds per LP token before it is reported undecided.
-    top_k : int, default 20
-    progress : bool, default True
-    return_volumes : bool, default False
-        Also return the :class:`CellVolumes` (for the bounds section's lambda).
-    method, tokens
-        Passed to :func:`cell_volumes`. The default here stays ``"uniform"`` until the bounds
-        section's lambda reads ``log_fractions`` (the rare-event pass costs about 30 minutes
-        for a 1,000-token sample of SmolLM2 on 2 cores).
-
-    Returns
-    -------
-    dict
-        JSON-able: ``unargmaxable`` (dict: ``n_unargmaxable``, ``n_lp``, ``n_undecided``, ids,
-        status counts, seconds; or None when off), ``fractions_path`` (str), ``histogram_path``,
-        ``top`` (list of the ``top_k`` largest cells with token strings), ``top1pct_share``
-        (share of the volume in the largest 1% of cells), ``volumes`` (the
-        :meth:`CellVolumes.to_dict` summary).
-
-    Raises
-    ------
-    TypeError, ValueError
-        As :func:`cell_volumes`; ``unargmaxable`` not one of the choices.
-    """
-    if unargmaxable not in ("full", "off"):
-        raise ValueError(f"unargmaxable: expected 'full' or 'off', got {unargmaxable!r}")
-    os.makedirs(out_dir, exist_ok=True)
-    cv = cell_volumes(decoder, support, n_samples, seed=seed, progress=progress, method=method, tokens=tokens)
-    fpath = os.path.join(os.fspath(out_dir), "cell_fractions.npy")
-    np.save(fpath, cv.fractions)
-    hpath = os.path.join(os.fspath(out_dir), "cell_volumes.png")
-    cv.histogram(path=hpath)
-    un = None
-    if unargmaxable == "full":
-        res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress)
-        un = res.to_dict()
-        if tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens") and res.tokens.size:
-            un["tokens"] = [str(s) for s in tokenizer.convert_ids_to_tokens([int(i) for i in res.tokens[:200]])]
-    section = {
-        "unargmaxable": un,
-        "fractions_path": fpath,
-        "histogram_path": hpath,
-        "top": cv.top(top_k, tokenizer=tokenizer),
-        "top1pct_share": cv.top_share(0.01),
-        "volumes": cv.to_dict(),
-    }
-    return (section, cv) if return_volumes else section
+        return cells_report_section
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

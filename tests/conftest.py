@@ -50,3 +50,25 @@ def smollm2_hidden(smollm2):
     H, lengths = sample_hidden_states(smollm2, lengths=[4, 16, 64], n_per_length=16, batch_size=16, seed=0)
     assert H.dtype == np.float32 and H.shape == (48, 576)
     return H, lengths
+
+
+@pytest.fixture
+def read_only_folder(tmp_path, monkeypatch):
+    """A folder that cannot be written; for root (who writes anywhere) ``os.open`` with
+    ``O_CREAT`` below it raises PermissionError, which is what a real read-only folder gives."""
+    import os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.geteuid() == 0:
+        real_open = os.open
+
+        def ro_open(path, flags, *a):
+            if str(path).startswith(str(ro)) and flags & os.O_CREAT:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, flags, *a)
+
+        monkeypatch.setattr(os, "open", ro_open)
+    yield ro
+    ro.chmod(0o700)

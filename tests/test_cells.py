@@ -179,8 +179,14 @@ def test_bad_input():
         dec.assign(np.ones((2, 3), np.int32))
     with pytest.raises(ValueError, match="method"):
         dec.assign(np.ones((2, 3)), method="voronoi")
-    with pytest.raises(ValueError, match="overflow"):
-        dec.assign(np.full((1, 3), 1e39))  # finite float64, overflows float32
+    # finite float64 that overflows float32: no longer refused, the cell is scale-free (a tie
+    # between the three unit rows: the lowest id)
+    np.testing.assert_array_equal(dec.assign(np.full((1, 3), 1e39)), [0])
+    np.testing.assert_array_equal(dec.assign(np.array([[1e39, 2e39, -1e39]])), [1])
+    with pytest.raises(ValueError, match="W: 3 nonzero entries are below float32's normal range"):
+        Decoder(np.eye(3) * 1e-46)  # was stored as an all-zero W, every point in cell 0
+    with pytest.raises(ValueError, match="bias: 1 nonzero entries"):
+        Decoder(W, np.array([0.0, 1e-40, 1.0]))
     with pytest.raises(ValueError, match="dimension"):
         dec.unargmaxable(Ball.from_params(None, 1.0, dim=4), progress=False)
     with pytest.raises(ValueError, match="t"):
@@ -215,7 +221,8 @@ def test_unargmaxable_equals_hull_vertices(d):
 
 def test_cutting_plane_lp_alone_matches_hull():
     # the LP path on its own, started from a single constraint so the cutting planes must work
-    from embgeom.cells import _lp_token, _region
+    from embgeom._unargmaxable import _lp_token
+    from embgeom.cells import _region
 
     W = planted(4, 60, seed=11)[np.r_[0:9, 10:60]]  # drop the duplicate
     W64 = W.astype(np.float64)

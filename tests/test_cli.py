@@ -1,10 +1,18 @@
-"""The CLI's bad-input paths: one line on stderr, exit code 2, no traceback."""
+"""The CLI: bad input is one line and exit code 2 (checked before any work), an internal error
+one line and exit code 1 (a traceback with --debug); the flags every command takes; outputs."""
 
 from __future__ import annotations
 
 import pytest
 
 from embgeom.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _restore_progress_env(monkeypatch):
+    """main() switches the libraries' bars off through the environment: undo it after each test."""
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
+        monkeypatch.delenv(var, raising=False)
 
 
 def _run(capsys, argv):
@@ -93,3 +101,367 @@ def test_cram_lengths_are_run_as_given(monkeypatch, tmp_path, argv, adaptive):
     monkeypatch.setattr(cramming, "run_cram", fake)
     assert main(["cram", "--out", str(tmp_path / "c"), *argv]) == 0
     assert seen["adaptive"] is adaptive and seen["start_token"] == "auto"
+
+
+# ------------------------------------------------------------------ cram: folders, options, protocol
+
+
+def _tiny_llama():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                      initializer_range=0.3, tie_word_embeddings=False,
+                      attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_cram_read_only_out_is_one_line_before_loading(capsys, read_only_folder, monkeypatch):
+    """Issue 12, kind 6: an --out folder that cannot be written is refused before the model is
+    loaded, in one line with exit code 2."""
+    from embgeom.cramming import _run as run_mod
+
+    ro = read_only_folder
+    monkeypatch.setattr(run_mod, "_load", lambda name: (_ for _ in ()).throw(
+        AssertionError("the model was loaded before --out was checked")))
+    for out in (ro, ro / "sub"):
+        code, err = _run(capsys, ["cram", "--out", str(out), "--lengths", "2"])
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert "cannot write" in err and str(ro) in err
+
+
+def test_cram_disk_errors_during_the_run_are_one_line(capsys, tmp_path, monkeypatch):
+    import errno
+
+    from embgeom import cramming
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "c" / "cram.jsonl"))
+
+    monkeypatch.setattr(cramming, "run_cram", full)
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), "--lengths", "2"])
+    assert code == 2 and "No space left" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["--weight-decay", "-1"], "weight-decay"),
+    (["--weight-decay", "nan"], "weight-decay"),
+    (["--patience", "0"], "patience"),
+    (["--precision", "fp16"], "precision"),
+    (["--protocol", "kuratov"], "protocol"),
+    (["--protocol", "paper", "--model", "pythia-160m"], "model"),
+    (["--protocol", "paper", "--adaptive"], "adaptive"),
+    (["--protocol", "paper", "--mem", "7"], "--mem"),
+])
+def test_cram_bad_new_options(capsys, tmp_path, argv, word):
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), *argv])
+    assert code == 2 and word in err and "Traceback" not in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_cram_options_reach_run_cram(monkeypatch, tmp_path):
+    from embgeom import cramming
+
+    seen = {}
+    monkeypatch.setattr(cramming, "run_cram",
+                        lambda model, mems, out, **kw: seen.update(kw, mems=mems) or {"summary_lines": ["ok"]})
+    assert main(["cram", "--out", str(tmp_path / "c")]) == 0
+    assert (seen["precision"], seen["weight_decay"], seen["patience"]) == ("float32", 0.0, None)
+    assert (seen["mems"], seen["n_targets"], seen["steps"], seen["lr"], seen["device"]) == (
+        [1], 8, 1000, 1e-2, "cpu")
+    assert main(["cram", "--out", str(tmp_path / "c"), "--precision", "bf16-autocast",
+                 "--weight-decay", "0.01", "--patience", "30"]) == 0
+    assert (seen["precision"], seen["weight_decay"], seen["patience"]) == ("bf16-autocast", 0.01, 30)
+    # the paper preset (device cuda: accepted here without a GPU), then the command line's
+    monkeypatch.setattr("embgeom._hf.check_device", lambda d: d)
+    assert main(["cram", "--out", str(tmp_path / "c"), "--protocol", "paper"]) == 0
+    assert seen["mems"] == [1, 2, 3, 4] and seen["steps"] == 5000 and seen["patience"] == 2000
+    assert seen["betas"] == (0.9, 0.9) and seen["weight_decay"] == 0.01 and seen["device"] == "cuda"
+    assert seen["mixed_batches"] == 2 and seen["adaptive"] is False
+    assert seen["protocol"]["name"] == "paper" and seen["protocol"]["overridden"] == []
+    assert main(["cram", "--out", str(tmp_path / "c"), "--protocol", "paper", "--mem", "2",
+                 "--steps", "100"]) == 0
+    assert seen["mems"] == [2] and list(seen["lengths"]) == [2] and seen["steps"] == 100
+    assert seen["protocol"]["overridden"] == ["mem", "steps"]
+    assert main(["cram", "--out", str(tmp_path / "c"), "--protocol", "paper", "--start-token",
+                 "none"]) == 0
+    assert seen["start_token"] is None and seen["protocol"]["overridden"] == ["start_token"]
+
+
+def test_cram_protocol_paper_runs_end_to_end_at_toy_scale(monkeypatch, tmp_path, capsys):
+    """`embgeom cram --protocol paper` on a tiny random Llama (the preset's grid and step budget
+    overridden to toy size, the rest the paper's: AdamW betas (0.9, 0.9), weight decay 0.01,
+    bf16 autocast with float32 verdicts, mixed batches): the run ends, the summary records the
+    protocol and every JSONL record its precision and stop reason."""
+    import json
+
+    import torch
+
+    from embgeom.cramming import _run as run_mod
+
+    tiny = _tiny_llama()
+    monkeypatch.setattr(run_mod, "_load", lambda name: tiny)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path / "paper"
+    try:
+        code = main(["cram", "--protocol", "paper", "--model", "smollm2-135m", "--out", str(out),
+                     "--mem", "1", "2", "--lengths", "2", "4", "--n-targets", "2", "--steps", "30",
+                     "--patience", "10", "--device", "cpu"])
+    finally:
+        torch.set_num_threads(old)
+    assert code == 0
+    s = json.loads((out / "cram_summary.json").read_text())
+    st = s["settings"]
+    assert st["protocol"]["name"] == "paper" and st["protocol"]["model"] == "smollm2-135m"
+    assert st["protocol"]["overridden"] == ["device", "lengths", "mem", "n_targets", "patience", "steps"]
+    assert (st["precision"], st["weight_decay"], st["patience"], st["betas"]) == (
+        "bf16-autocast", 0.01, 10, [0.9, 0.9])
+    assert st["mixed_batches"] == 2 and st["steps"] == 30
+    assert set(s["curves"]) == {"1", "2"} and all(c["trials"] == [2, 2] for c in s["curves"].values())
+    recs = [json.loads(x) for x in (out / "cram.jsonl").read_text().splitlines()]
+    assert len(recs) == 8
+    assert {r["precision"] for r in recs} == {"bf16-autocast"}
+    assert {r["stop_reason"] for r in recs} <= {"accuracy", "patience", "steps"}
+    assert all(r["steps"] <= 30 for r in recs)
+    assert all(r["settings"]["patience"] == 10 and r["settings"]["weight_decay"] == 0.01 for r in recs)
+    assert "protocol paper" in (out / "cram_summary.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Conventions: --version, python -m embgeom, help text and defaults, -q/-v, --debug, outputs
+# ---------------------------------------------------------------------------------------------
+
+import logging  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import embgeom  # noqa: E402
+from embgeom.cli import build_parser  # noqa: E402
+
+COMMANDS = ("report", "cram", "copy")
+
+
+def _subparsers():
+    return build_parser()._subparsers._group_actions[0].choices
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"embgeom {embgeom.__version__}"
+
+
+def test_python_dash_m_embgeom():
+    out = subprocess.run([sys.executable, "-m", "embgeom", "--version"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"embgeom {embgeom.__version__}"
+
+
+def test_top_level_help_imports_nothing_heavy():
+    code = ("import sys\nfrom embgeom.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('numpy', 'torch', 'scipy') if m in sys.modules), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1] == "[]", out.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_has_help_and_shows_its_default(command, capsys):
+    sub = _subparsers()[command]
+    for action in sub._actions:
+        assert action.help and action.help.strip(), f"{command} {action.option_strings} has no help"
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for action in sub._actions:
+        if action.default not in (None, False, 0, argparse_suppress()) and action.option_strings:
+            assert f"(default: {action.default})" in text, (command, action.option_strings)
+    for flag in ("--quiet", "--verbose", "--no-progress", "--debug", "--seed"):
+        assert flag in text
+
+
+def argparse_suppress():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_diagnostic_flags_on_every_command(command):
+    args = build_parser().parse_args([command, "--out", "x", "-q", "--no-progress", "--debug"])
+    assert args.quiet and args.no_progress and args.debug and args.verbose == 0
+    args = build_parser().parse_args([command, "--out", "x", "-vv"])
+    assert args.verbose == 2 and not args.quiet
+
+
+def test_quiet_and_verbose_exclude_each_other(capsys):
+    code, err = _run(capsys, ["copy", "--out", "x", "-q", "-v"])
+    assert code == 2 and "exclude each other" in err
+
+
+def _fake_cram(monkeypatch, body):
+    from embgeom import cramming
+
+    seen = {}
+
+    def fake(model, mems, out, **kw):
+        seen.update(kw)
+        return body()
+
+    monkeypatch.setattr(cramming, "run_cram", fake)
+    return seen
+
+
+def test_internal_error_is_one_line_exit_1(capsys, monkeypatch, tmp_path):
+    """A ValueError from inside numpy is a bug, not bad input: exit 1, one line, --debug hint."""
+    _fake_cram(monkeypatch, lambda: np.zeros(3) + np.zeros(4))
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c")])
+    assert code == 1 and "internal error" in err and "--debug" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_internal_error_other_kind(capsys, monkeypatch, tmp_path):
+    _fake_cram(monkeypatch, lambda: {}["missing"])
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c")])
+    assert code == 1 and "internal error" in err and "KeyError" in err
+
+
+def test_debug_reraises_with_traceback(monkeypatch, tmp_path):
+    _fake_cram(monkeypatch, lambda: np.zeros(3) + np.zeros(4))
+    with pytest.raises(ValueError, match="broadcast"):
+        main(["cram", "--out", str(tmp_path / "c"), "--debug"])
+
+
+def test_input_error_raised_by_embgeom_stays_a_usage_error(capsys, monkeypatch, tmp_path):
+    from embgeom._validation import check_positive_int
+
+    _fake_cram(monkeypatch, lambda: check_positive_int(0, "n_targets"))
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c")])
+    assert code == 2 and "n_targets" in err and "internal" not in err
+
+
+def test_oserror_during_work_is_one_line(capsys, monkeypatch, tmp_path):
+    def boom():
+        raise PermissionError(13, "Permission denied", str(tmp_path / "c" / "cram.jsonl"))
+
+    _fake_cram(monkeypatch, boom)
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c")])
+    assert code == 2 and "Permission denied" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_out_under_a_file_fails_before_any_work(capsys, monkeypatch, tmp_path, command):
+    from embgeom import copying, cramming, report
+
+    called = []
+    for mod, name in ((cramming, "run_cram"), (copying, "run_copy"), (report, "build_report")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: called.append(1))
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    code, err = _run(capsys, [command, "--out", str(f / "sub")])
+    assert code == 2 and "is a file" in err and "Traceback" not in err
+    assert not called
+
+
+def test_unwritable_out_fails_before_any_work(capsys, monkeypatch, tmp_path):
+    """A folder that cannot be written (as a read-only one for a non-root user)."""
+    import embgeom.cli as cli
+
+    called = _fake_cram(monkeypatch, lambda: {"summary_lines": ["ok"]})
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cli.tempfile, "TemporaryFile", refuse)
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c")])
+    assert code == 2 and "cannot write" in err and "Permission denied" in err
+    assert not called and not (tmp_path / "c").exists()
+
+
+def test_read_only_out_for_real(capsys, tmp_path):
+    import os
+
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders; the monkeypatched test covers the path")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        code, err = _run(capsys, ["copy", "--out", str(ro / "run")])
+    finally:
+        ro.chmod(0o755)
+    assert code == 2 and "cannot write" in err
+
+
+def test_progress_is_off_when_stderr_is_not_a_terminal(monkeypatch, tmp_path):
+    seen = _fake_cram(monkeypatch, lambda: {"summary_lines": ["ok"]})
+    assert main(["cram", "--out", str(tmp_path / "c")]) == 0
+    assert seen["progress"] is False  # pytest captures stderr: not a terminal
+
+
+def test_library_bars_are_switched_off_with_ours(monkeypatch, tmp_path):
+    """transformers' and the GGUF loader's own bars (e.g. "Writing model shards") follow ours."""
+    import os
+
+    _fake_cram(monkeypatch, lambda: {"summary_lines": ["ok"]})
+    assert main(["cram", "--out", str(tmp_path / "c")]) == 0
+    assert os.environ["TQDM_DISABLE"] == "1" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+
+
+def test_progress_helper():
+    import io
+
+    from embgeom._progress import progress_enabled, tqdm_kwargs
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert progress_enabled(True, Tty()) and not progress_enabled(False, Tty())
+    assert not progress_enabled(True, io.StringIO())
+    assert tqdm_kwargs(True, Tty())["disable"] is False
+    assert tqdm_kwargs(True, io.StringIO())["disable"] is True
+
+
+@pytest.mark.parametrize("flags, level", [([], logging.WARNING), (["-v"], logging.INFO),
+                                          (["-vv"], logging.DEBUG), (["-q"], logging.ERROR)])
+def test_log_levels(monkeypatch, tmp_path, flags, level):
+    _fake_cram(monkeypatch, lambda: {"summary_lines": ["ok"]})
+    root = logging.getLogger()
+    old = root.level
+    try:
+        assert main(["cram", "--out", str(tmp_path / "c"), *flags]) == 0
+        assert root.level == level
+    finally:
+        root.setLevel(old)
+
+
+def test_copy_prints_a_table_and_the_json_path(capsys, monkeypatch, tmp_path):
+    """No JSON on stdout (it used to be cut at 4,000 characters): a table and the file's path."""
+    from embgeom import _json, copying
+
+    out = tmp_path / "copy"
+
+    def fake(out_dir, **kw):
+        res = {"config": {"alphabet": 16, "l_train": 4, "steps": 3, "seed": 0},
+               "evaluation": {"lengths": list(range(1, 13)), "exact_match": [1.0] * 6 + [0.0] * 6},
+               "cliff": 6.5, "cliff_interval": [6, 7], "bounds": {"x": list(range(5000))},
+               "files": {"summary": str(out / "copy_summary.json")}, "wall_s": 1.0}
+        out.mkdir(parents=True)
+        _json.dump(res, out / "copy_summary.json")
+        return res
+
+    monkeypatch.setattr(copying, "run_copy", fake)
+    assert main(["copy", "--out", str(out), "--l-train", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "cliff: 6.5" in text and str(out / "copy_summary.json") in text
+    assert "{" not in text and len(text) < 2000
+    import json
+
+    assert len(json.loads((out / "copy_summary.json").read_text())["bounds"]["x"]) == 5000

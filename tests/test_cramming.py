@@ -337,7 +337,7 @@ def test_bad_input(tiny):
     with pytest.raises(TypeError, match="targets"):
         cram(tiny, np.array([[1.0, 2.0]]), 1)
     with pytest.raises(ValueError, match="lr"):
-        cram(tiny, T, 1, lr=0)
+        cram(tiny, T, 1, lr=-1e-3)
     with pytest.raises(ValueError, match="seed"):
         cram(tiny, T, 1, seed=[1, 2, 3])
     with pytest.raises(ValueError, match="input embeddings"):
@@ -366,6 +366,269 @@ def test_bad_input(tiny):
         sample_targets(tiny, 3, 2, target_source="poems")
     with pytest.raises(ValueError, match="tokenizer"):
         sample_targets(tiny, 3, 2, target_source="words")
+
+
+# ------------------------------------------------------------------ options checked at the door
+
+
+@pytest.mark.parametrize("kw, exc, name", [
+    ({"betas": (1.0, 0.999)}, ValueError, r"betas\[0\]"),  # used to blame `memory`, later
+    ({"betas": (0.9, 1.0)}, ValueError, r"betas\[1\]"),  # used to return NaN silently
+    ({"betas": (-0.1, 0.9)}, ValueError, r"betas\[0\]"),
+    ({"betas": (0.9, float("nan"))}, ValueError, r"betas\[1\]"),
+    ({"betas": 0.9}, TypeError, "betas"),
+    ({"betas": (0.9, 0.99, 0.999)}, TypeError, "betas"),
+    ({"betas": ("a", 0.9)}, TypeError, r"betas\[0\]"),
+    ({"lr": -1e-3}, ValueError, "lr"),
+    ({"lr": float("inf")}, ValueError, "lr"),
+    ({"lr": "0.01"}, TypeError, "lr"),
+    ({"adam_eps": -1e-8}, ValueError, "adam_eps"),
+    ({"adam_eps": float("nan")}, ValueError, "adam_eps"),
+    ({"weight_decay": -0.01}, ValueError, "weight_decay"),
+    ({"weight_decay": float("inf")}, ValueError, "weight_decay"),
+    ({"steps": -1}, ValueError, "steps"),
+    ({"steps": 10.0}, TypeError, "steps"),
+    ({"init_scale": 0.0}, ValueError, "init_scale"),
+    ({"init_scale": float("inf")}, ValueError, "init_scale"),
+    ({"patience": 0}, ValueError, "patience"),
+    ({"patience": 2.5}, TypeError, "patience"),
+    ({"precision": "bf16"}, ValueError, "precision"),
+    ({"precision": "float16"}, ValueError, "precision"),
+    ({"check_generation": "yes"}, TypeError, "check_generation"),
+    ({"use_cache": 1}, TypeError, "use_cache"),
+    ({"device": "foo"}, ValueError, "device"),
+])
+def test_options_are_checked_before_any_work(tiny, monkeypatch, kw, exc, name):
+    """Issue 12, kind 5: every optimiser and numerical option is refused up front with the
+    rules of torch.optim.Adam / AdamW, naming the argument, by cram, accessibility_curve and
+    run_cram alike (nothing is crammed, no folder is created)."""
+    def refuse(*a, **k):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr(cramming._optimise, "_init_memory", refuse)
+    T = sample_targets(tiny, 3, 2, seed=0)
+    with pytest.raises(exc, match=name):
+        cram(tiny, T, 1, **kw)
+    if kw.keys() & {"check_generation"}:
+        return  # an accessibility_curve / run_cram argument of the same name is checked alike
+    curve_kw = {k: v for k, v in kw.items() if k != "use_cache"} or kw
+    with pytest.raises(exc, match=name):
+        accessibility_curve(tiny, 1, [2], 2, progress=False, **curve_kw)
+
+
+def test_run_cram_checks_options_before_loading(tmp_path, monkeypatch):
+    from embgeom.cramming import _run
+
+    monkeypatch.setattr(_run, "_load", lambda name: (_ for _ in ()).throw(
+        AssertionError("the model was loaded before the options were checked")))
+    for kw, name in [({"betas": (0.9, 1.0)}, r"betas\[1\]"), ({"n_targets": 0}, "n_targets"),
+                     ({"batch_size": 0}, "batch_size"), ({"precision": "fp8"}, "precision"),
+                     ({"patience": 0}, "patience"), ({"weight_decay": -1.0}, "weight_decay"),
+                     ({"device": "nope"}, "device"), ({"mixed_batches": 2}, "lengths"),
+                     ({"lengths": {1: [2]}, "mems": [1, 2]}, "lengths")]:
+        kw = {"mems": [1], **kw}
+        with pytest.raises((TypeError, ValueError), match=name):
+            run_cram("tiny", kw.pop("mems"), tmp_path / "o", **kw)
+    assert not (tmp_path / "o").exists()
+
+
+def test_accessibility_curve_refuses_unknown_cram_options(tiny):
+    with pytest.raises(TypeError, match="beta"):
+        accessibility_curve(tiny, 1, [2], 2, progress=False, beta=(0.9, 0.9))
+
+
+def test_run_cram_refuses_a_folder_it_cannot_write(read_only_folder, monkeypatch):
+    """Issue 12, kind 6: a read-only output folder is refused before the model is loaded."""
+    from embgeom.cramming import _run
+
+    ro = read_only_folder
+    monkeypatch.setattr(_run, "_load", lambda name: (_ for _ in ()).throw(
+        AssertionError("the model was loaded before the folder was checked")))
+    for out in (ro, ro / "new" / "sub"):
+        with pytest.raises(PermissionError, match="out_dir: cannot write in"):
+            run_cram("tiny", [1], out, lengths=[2], n_targets=1, steps=1, progress=False)
+    assert list(ro.iterdir()) == []  # no probe file left behind
+
+
+def test_lr_zero_leaves_the_memory_vectors_where_they_start(tiny):
+    """lr = 0 is allowed (torch.optim.Adam allows it) and means no update at all."""
+    T = sample_targets(tiny, 8, 2, seed=0)
+    r0 = cram(tiny, T, 1, steps=0, seed=3, check_generation=False)
+    r = cram(tiny, T, 1, steps=5, lr=0.0, seed=3, check_generation=False)
+    np.testing.assert_array_equal(r.memory, r0.memory)
+    assert (r.steps == 5).all() and list(r.stop_reason) == ["steps", "steps"]
+
+
+# ------------------------------------------------------------------ AdamW, patience, precision
+
+
+def test_weight_decay_matches_torch_optim_adamw(tiny):
+    """weight_decay is AdamW's decoupled decay (P <- P (1 - lr wd) before the Adam update):
+    20 steps against torch.optim.AdamW with the same betas, eps and decay."""
+    T = sample_targets(tiny, 16, 2, seed=0)
+    wd, betas = 0.5, (0.9, 0.9)
+    r0 = cram(tiny, T, 1, steps=0, seed=5, check_generation=False)
+    r = cram(tiny, T, 1, steps=20, lr=LR, seed=5, betas=betas, weight_decay=wd,
+             check_generation=False)
+    plain = cram(tiny, T, 1, steps=20, lr=LR, seed=5, betas=betas, check_generation=False)
+    emb = tiny.get_input_embeddings()
+    P = torch.tensor(r0.memory).requires_grad_(True)
+    opt = torch.optim.AdamW([P], lr=LR, betas=betas, weight_decay=wd)
+    Tt = torch.as_tensor(T)
+    with torch.no_grad():
+        bos, rest = emb(torch.full((2, 1), tiny.config.bos_token_id)), emb(Tt[:, :-1])
+    for _ in range(20):
+        logits = tiny(inputs_embeds=torch.cat([bos, P, rest], 1)).logits[:, -16:]
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), Tt, reduction="none")
+        (P.grad,) = torch.autograd.grad(loss.mean(1).sum(), P)
+        opt.step()
+    np.testing.assert_allclose(P.detach().numpy(), r.memory, atol=1e-4)
+    assert np.abs(r.memory - plain.memory).max() > 1e-3  # the decay did something
+
+
+def test_patience_stops_a_row_whose_best_accuracy_stalls(tiny):
+    """A row stops once its best teacher-forced accuracy has not risen for `patience` steps;
+    the step and reason are recorded, and a row that reaches 100% first stops on accuracy."""
+    T = sample_targets(tiny, 16, 3, seed=1)
+    free = cram(tiny, T, 1, steps=60, lr=LR, seed=0, check_generation=False)
+    assert not free.success.any()
+    r = cram(tiny, T, 1, steps=60, lr=LR, seed=0, patience=7, check_generation=False)
+    assert set(r.stop_reason) <= {"patience", "steps"} and "patience" in set(r.stop_reason)
+    # replay the rule on the accuracy trajectory of each row (teacher_forced_accuracy of the
+    # vectors after t steps, from the run without patience, is the same trajectory)
+    for i in range(3):
+        accs = [teacher_forced_accuracy(tiny, cram(tiny, T[i:i + 1], 1, steps=t, lr=LR,
+                                                   seed=[[0, i]], check_generation=False).memory,
+                                        T[i:i + 1])[0] for t in range(int(r.steps[i]) + 1)]
+        best, rise = -1.0, 0
+        stop = None
+        for t, a in enumerate(accs):
+            if a > best:
+                best, rise = a, t
+            if t - rise >= 7:
+                stop = t
+                break
+        if r.stop_reason[i] == "patience":
+            assert stop == r.steps[i], (i, accs)
+        else:
+            assert stop is None and r.steps[i] == 60
+    ok = cram(tiny, sample_targets(tiny, 2, 2, seed=1), 2, steps=STEPS, lr=LR, seed=0,
+              patience=50)
+    assert ok.success.all() and list(ok.stop_reason) == ["accuracy", "accuracy"]
+
+
+def test_bf16_autocast_stops_are_confirmed_in_float32(tiny, monkeypatch):
+    """Under bf16 autocast only the model forward runs in bf16; a row stops on accuracy only
+    when a float32 forward confirms 100%; the recorded loss and accuracy are float32."""
+    from embgeom.cramming import _optimise
+
+    T = sample_targets(tiny, 4, 6, seed=3)
+    seen = []
+    real = _optimise._model_forward
+
+    def spy(hf, x, keep, bf16):
+        seen.append((bf16, torch.is_autocast_enabled("cpu")))
+        out = real(hf, x, keep, bf16)
+        assert out.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        return out
+
+    monkeypatch.setattr(_optimise, "_model_forward", spy)
+    r = cram(tiny, T, 1, steps=STEPS, lr=LR, seed=0, precision="bf16-autocast")
+    assert r.precision == "bf16-autocast" and r.to_records()[0]["precision"] == "bf16-autocast"
+    assert {b for b, _ in seen} == {True, False}  # optimisation in bf16, confirmations float32
+    assert r.success.any()
+    # every verdict and number is the float32 one of the returned vectors
+    np.testing.assert_allclose(teacher_forced_accuracy(tiny, r.memory, T), r.accuracy)
+    assert ((r.accuracy == 1) == r.success).all()
+    assert (r.stop_reason[r.success] == "accuracy").all()
+
+    # a row that bf16 puts at 100% but float32 does not keeps going: make every bf16 forward
+    # claim 100% (the argmax equal to the targets) and check that nothing stops on that alone
+    T16 = sample_targets(tiny, 16, 2, seed=1)
+
+    def liar(hf, x, keep, bf16):
+        logits = real(hf, x, keep, False)
+        if bf16:
+            fake = torch.nn.functional.one_hot(torch.as_tensor(T16), logits.shape[-1])
+            return logits + 1e3 * fake.float()
+        return logits
+
+    monkeypatch.setattr(_optimise, "_model_forward", liar)
+    f = cram(tiny, T16, 1, steps=15, lr=LR, seed=0, precision="bf16-autocast",
+             check_generation=False)
+    assert not f.success.any() and (f.steps == 15).all() and (f.accuracy < 1).all()
+
+
+def test_rows_of_different_m_and_n_in_one_batch_equal_their_own_runs(tiny):
+    """Rows of different m and n crammed together: each row's verdict, steps and vectors are
+    those of the row crammed alone (padding after a row changes nothing before it)."""
+    rows = [sample_targets(tiny, n, 1, seed=4)[0] for n in (3, 6, 4, 8)]
+    ms = [1, 2, 3, 1]
+    seeds = [[9, i] for i in range(4)]
+    mixed = cram(tiny, rows, ms, steps=STEPS, lr=LR, seed=seeds)
+    assert mixed.memory.shape == (4, 3, D) and mixed.n_mem == 3 and mixed.length == 8
+    assert mixed.n_mems.tolist() == ms and mixed.lengths.tolist() == [3, 6, 4, 8]
+    assert 0 < mixed.success.sum() < 4
+    for i, (t, m) in enumerate(zip(rows, ms)):
+        alone = cram(tiny, t, m, steps=STEPS, lr=LR, seed=[seeds[i]])
+        assert alone.success[0] == mixed.success[i] and alone.steps[0] == mixed.steps[i]
+        assert alone.success_generation[0] == mixed.success_generation[i]
+        np.testing.assert_allclose(mixed.memory[i, :m], alone.memory[0], rtol=1e-3, atol=1e-3)
+        assert (mixed.memory[i, m:] == 0).all()
+        assert mixed.accuracy[i] == pytest.approx(alone.accuracy[0])
+        assert mixed.loss[i] == pytest.approx(alone.loss[0], rel=1e-3, abs=1e-4)
+    with pytest.raises(ValueError, match="n_mem"):
+        cram(tiny, rows, [1, 2], steps=1)
+
+
+def test_mixed_curves_equal_per_length_curves_and_resume_them(tiny, tmp_path, monkeypatch):
+    """mixed_curves crams the same targets from the same starts under the same settings hash
+    as accessibility_curve; a rerun of either finds the other's records."""
+    from embgeom.cramming import _curve
+
+    J = tmp_path / "c.jsonl"
+    lengths = {1: [2, 4], 2: [4, 6]}
+    mixed = _curve.mixed_curves(tiny, lengths, 3, n_batches=2, jsonl=J, steps=40, lr=LR,
+                                progress=False)
+    recs = [json.loads(x) for x in J.read_text().splitlines()]
+    assert len(recs) == 12 and len({r["settings_hash"] for r in recs}) == 1
+    per = {m: accessibility_curve(tiny, m, ns, 3, steps=40, lr=LR, progress=False)
+           for m, ns in lengths.items()}
+    for m in lengths:
+        assert mixed[m].successes.tolist() == per[m].successes.tolist()
+        assert mixed[m].settings["settings_hash"] == per[m].settings["settings_hash"]
+
+    def refuse(*a, **k):
+        raise AssertionError("crammed a finished target")
+
+    monkeypatch.setattr(_curve, "cram", refuse)
+    for m, ns in lengths.items():
+        again = accessibility_curve(tiny, m, ns, 3, jsonl=J, steps=40, lr=LR, progress=False)
+        assert again.successes.tolist() == mixed[m].successes.tolist()
+
+
+def test_defaults_keep_the_settings_hash_and_new_options_change_it():
+    """precision, weight_decay and patience enter the hashed settings only when they are not
+    the defaults: a float32 run keeps today's hash (pinned below), so a running job resumes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from embgeom.cramming._curve import _curve_settings, _settings_hash
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2))
+    kw = dict(start=1, steps=1000, lr=0.01, seed=0, target_source="random-tokens",
+              check_generation=True, cram_kwargs={})
+    base = _curve_settings(model, "m", torch.float32, **kw)
+    same = _curve_settings(model, "m", torch.float32, precision="float32", weight_decay=0.0,
+                           patience=None, **kw)
+    assert same == base and "precision" not in base and _settings_hash(same) == _settings_hash(base)
+    hashes = {_settings_hash(base)}
+    for extra in ({"precision": "bf16-autocast"}, {"weight_decay": 0.01}, {"patience": 2000}):
+        s = _curve_settings(model, "m", torch.float32, **extra, **kw)
+        assert s[next(iter(extra))] == next(iter(extra.values()))
+        hashes.add(_settings_hash(s))
+    assert len(hashes) == 4
 
 
 # ------------------------------------------------------------------ targets
@@ -646,9 +909,12 @@ def test_jsonl_records_are_strict_json_and_keep_their_format(tiny, tmp_path):
 
     recs = [json.loads(line, parse_constant=refuse) for line in J.read_text().splitlines()]
     assert [list(r)[:4] for r in recs] == [["settings_hash", "n_mem", "length", "target_index"]] * 2
+    # the keys of the first format, in its order, then the later ones
     assert list(recs[0])[4:] == [
         "success_teacher_forced", "success_generation", "steps", "loss", "accuracy",
-        "best_accuracy", "memory_norm", "dtype", "device", "batch_wall_s", "settings"]
+        "best_accuracy", "memory_norm", "dtype", "device", "batch_wall_s", "settings",
+        "stop_reason", "precision"]
+    assert recs[0]["precision"] == "float32" and recs[0]["stop_reason"] in ("accuracy", "steps")
     assert [r["target_index"] for r in recs] == [0, 1]
 
 

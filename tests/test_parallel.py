@@ -8,16 +8,17 @@ bit-identical results on the local executor and on both.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from embgeom._parallel_workloads import cell_volume_counts, sample_chunks, token_chunks, unargmaxable_chunked
 from embgeom.cells import STATUS_NAMES, Decoder
 from embgeom.parallel import LocalExecutor, RayExecutor, get_executor, map_keyed, task_seed
 from embgeom.supports import Ball, Box
@@ -100,7 +101,7 @@ def test_task_seed_of_a_str_key_is_the_same_in_another_process():
 
 def test_import_embgeom_stays_ray_free():
     code = (
-        "import sys, embgeom, embgeom.parallel, embgeom._parallel_workloads\n"
+        "import sys, embgeom, embgeom.parallel, embgeom._unargmaxable, embgeom.volumes\n"
         "from embgeom.parallel import get_executor\n"
         "ex = get_executor('ray', ray_address='auto')\n"  # constructing does not import Ray
         "print('ray' in sys.modules)\n"
@@ -144,13 +145,13 @@ def test_bad_arguments_are_refused():
         get_executor("local", ray_address="auto")
     with pytest.raises(ValueError, match="num_gpus"):
         RayExecutor(num_gpus=-1)
-    with pytest.raises(ValueError, match="max_lp"):
-        unargmaxable_chunked(Decoder(np.eye(3, dtype=np.float32)), max_lp=5)
-    with pytest.raises(TypeError, match="seed"):
-        cell_volume_counts(Decoder(np.eye(3, dtype=np.float32)), Ball.from_params(None, 1.0, dim=3), 10, None)
-    with pytest.raises(ValueError, match="tokens"):
-        token_chunks(10, [3, 10])
-    assert [v[0] for v in sample_chunks(10, 4).values()] == [4, 4, 2]
+    with pytest.raises(ValueError, match="chunk_size"):
+        Decoder(np.eye(3, dtype=np.float32)).unargmaxable(chunk_size=0, progress=False)
+    with pytest.raises(ValueError, match="executor"):
+        Decoder(np.eye(3, dtype=np.float32)).unargmaxable(executor="dask", progress=False)
+    with pytest.raises(ValueError, match="executor"):
+        cell_volumes(Decoder(np.eye(3, dtype=np.float32)), Ball.from_params(None, 1.0, dim=3), 10, 0,
+                     executor="threads", progress=False)
 
 
 def test_command_line_flags_pick_the_executor():
@@ -170,14 +171,22 @@ def test_command_line_flags_pick_the_executor():
         executor_from_args(parser.parse_args(["--ray-address", "auto"]))
 
 
-def test_chunked_cell_volume_counts_equal_the_serial_loop():
-    rng = np.random.default_rng(0)
-    W = rng.standard_normal((60, 5)).astype(np.float32)
-    for dec, support in ((Decoder(W), Ball.from_params(None, 1.0, dim=5)),
-                         (Decoder(W, rng.standard_normal(60).astype(np.float32)), Box.from_params(-np.ones(5), np.ones(5)))):
-        serial = cell_volumes(dec, support, 5000, seed=9, batch_size=700, progress=False).counts
-        chunked = cell_volume_counts(dec, support, 5000, 9, batch_size=700, progress=False)
-        assert chunked.dtype == np.int64 and np.array_equal(serial, chunked)
+@pytest.mark.parametrize("command", [["report", "--quick"], ["cram", "--mem", "1"]])
+def test_report_and_cram_take_the_executor_flags(command, tmp_path, capsys, monkeypatch):
+    import embgeom.adapters
+    from embgeom.cli import build_parser, main
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(embgeom.adapters, "load_model", refuse)
+
+    args = build_parser().parse_args([*command, "--out", str(tmp_path), "--executor", "ray",
+                                      "--ray-address", "auto"])
+    assert args.executor == "ray" and args.ray_address == "auto"
+    # a Ray flag without --executor ray: one line and exit 2, before any model is loaded
+    assert main([*command, "--out", str(tmp_path), "--ray-address", "auto"]) == 2
+    assert "only with --executor ray" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,23 +267,31 @@ def _small_W(seed=0):
 
 def test_unargmaxable_scan_is_identical_on_every_executor(executors):
     dec = Decoder(_small_W())
-    whole = dec.unargmaxable(progress=False)
-    runs = {name: unargmaxable_chunked(dec, chunk_size=64, executor=ex, progress=False)
+    whole = dec.unargmaxable(progress=False, chunk_size=10_000)  # one witness task, one LP task
+    runs = {name: dec.unargmaxable(chunk_size=64, batch_size=32, executor=ex, progress=False)
             for name, ex in executors.items()}
     for name, res in runs.items():
-        assert res.extra["n_chunks"] == 5
-        assert np.array_equal(res.status, runs["local"].status), name
-        assert np.array_equal(res.tokens, whole.tokens), name  # exact verdicts: chunking changes nothing
-        assert res.n_undecided == 0
+        assert res.extra["executor"] == ("local" if name == "local" else "ray")
+        # exact verdicts, and chunks aligned with the serial batches: the same status codes
+        assert np.array_equal(res.status, whole.status), name
+        assert np.array_equal(res.tokens, whole.tokens), name
+        assert res.n_lp == whole.n_lp and res.n_undecided == 0
+        assert res.extra["lp_iterations_mean"] == whole.extra["lp_iterations_mean"]
     assert {10, 11, 70} <= set(whole.tokens.tolist()) and 12 not in whole.tokens
-    assert runs["local"].status_of(70) == "duplicate"
-    assert runs["local"].n_lp > 0 and {"lp_empty", "lp_witness"} <= {runs["local"].status_of(t) for t in range(300)}
+    assert whole.status_of(70) == "duplicate"
+    assert whole.n_lp > 64 and {"lp_empty", "lp_witness"} <= {whole.status_of(t) for t in range(300)}
+    # the global LP cap applies in token order, as in one call, whatever the chunks
+    capped = dec.unargmaxable(max_lp=40, progress=False)
+    for ex in executors.values():
+        got = dec.unargmaxable(max_lp=40, chunk_size=64, batch_size=32, executor=ex, progress=False)
+        assert np.array_equal(got.status, capped.status) and got.n_undecided == whole.n_lp - 40
     # a token subset: the others are "skipped"
     ids = [11, 70, 5, 0, 299]
-    sub = unargmaxable_chunked(dec, tokens=ids, chunk_size=2, executor=executors["ray2"], progress=False)
+    sub = dec.unargmaxable(tokens=ids, chunk_size=2, batch_size=1, executor=executors["ray2"], progress=False)
     assert sub.tokens.tolist() == sorted(set(ids) & set(whole.tokens.tolist()))
     assert (sub.status == STATUS_NAMES.index("skipped")).sum() == 300 - len(ids)
-    assert np.array_equal(sub.status[ids], runs["local"].status[ids])
+    empty = [STATUS_NAMES.index("lp_empty"), STATUS_NAMES.index("duplicate")]
+    assert np.array_equal(np.isin(sub.status[ids], empty), np.isin(whole.status[ids], empty))
 
 
 def test_cell_volume_counts_are_identical_on_every_executor(executors):
@@ -283,10 +300,38 @@ def test_cell_volume_counts_are_identical_on_every_executor(executors):
     cases = [(Decoder(W), Ball.from_params(None, 1.0, dim=8)),  # cones: Gaussian directions
              (Decoder(W, rng.standard_normal(400).astype(np.float32)), Box.from_params(-np.ones(8), np.ones(8)))]
     for dec, support in cases:
-        serial = cell_volumes(dec, support, 30_000, seed=11, batch_size=4096, progress=False).counts
-        for name, ex in executors.items():
-            got = cell_volume_counts(dec, support, 30_000, 11, batch_size=4096, executor=ex, progress=False)
-            assert np.array_equal(got, serial), name
+        n = 2 * 8192 + 1000  # three blocks, the last one short
+        serial = cell_volumes(dec, support, n, seed=11, batch_size=n, progress=False,
+                              method="uniform").counts  # one task
+        for name, ex in executors.items():  # three tasks of one block each
+            got = cell_volumes(dec, support, n, seed=11, batch_size=8192, executor=ex, progress=False,
+                               method="uniform")
+            assert got.counts.dtype == np.int64 and np.array_equal(got.counts, serial), name
+            assert got.extra["executor"] == ("local" if name == "local" else "ray")
+
+
+def test_rare_event_cell_volumes_are_identical_on_every_executor(executors):
+    """Rare-event log-shares: token chunks as tasks, each token with its own seed."""
+    from embgeom import volumes
+
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((30, 4)).astype(np.float32)
+    dec, ball = Decoder(W), Ball.from_params(None, 1.0, dim=4)
+    ids = np.array([0, 3, 7, 12, 29])
+    old = volumes.RARE_EVENT_CHUNK
+    volumes.RARE_EVENT_CHUNK = 2  # three tasks
+    try:
+        runs = {name: cell_volumes(dec, ball, 100, seed=4, tokens=ids, n_chains=32, executor=ex,
+                                   progress=False, method="rare-event")
+                for name, ex in executors.items()}
+    finally:
+        volumes.RARE_EVENT_CHUNK = old
+    one_task = cell_volumes(dec, ball, 100, seed=4, tokens=ids, n_chains=32, progress=False,
+                            method="rare-event")
+    for name, cv in runs.items():
+        for f in ("log_fractions", "log_lower", "log_upper"):
+            np.testing.assert_array_equal(getattr(cv, f), getattr(one_task, f), err_msg=name)
+    assert np.isfinite(one_task.log_fractions[ids]).all()
 
 
 def test_killed_worker_is_retried_and_the_results_equal_the_local_run(executors, tmp_path):
@@ -303,3 +348,112 @@ def test_killed_worker_is_retried_and_the_results_equal_the_local_run(executors,
     with pytest.raises(WorkerCrashedError):
         RayExecutor(num_cpus=1, max_retries=0, stall_timeout=STALL).map_keyed(
             _dies_once, tasks, kwargs={"marker": str(tmp_path / "died2")}, seed=77, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# the cramming sweep on a tiny random Llama (as in tests/test_cramming.py)
+# --------------------------------------------------------------------------------------------
+def _tiny_llama():
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                      initializer_range=0.3, tie_word_embeddings=False, attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+_SWEEP = dict(lengths=[2, 4, 8], n_targets=3, steps=30, lr=0.05, seed=0, adaptive=True, max_length=8,
+              batch_size=1, n_boot=10, plot=False, progress=False)
+
+
+def _records(path):
+    """{(m, n, target index): record without its wall times}, and the number of lines."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    recs = {(r["n_mem"], r["length"], r["target_index"]):
+            {k: v for k, v in r.items() if k not in ("wall_s", "batch_wall_s")} for r in lines}
+    return recs, len(lines)
+
+
+@pytest.fixture(scope="module")
+def cram_local(tmp_path_factory):
+    """The tiny sweep run locally in this process (one torch thread, as a Ray worker has)."""
+    import torch
+
+    from embgeom.cramming import run_cram
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = _tiny_llama()
+        out = tmp_path_factory.mktemp("cram_local")
+        summary = run_cram(model, [1, 2], out, **_SWEEP)
+    finally:
+        torch.set_num_threads(old)
+    return model, summary, _records(out / "cram.jsonl")
+
+
+def test_cramming_sweep_on_ray_gives_the_local_records(cram_local, executors, tmp_path):
+    from embgeom.cramming import run_cram
+
+    model, summary, (want, n_lines) = cram_local
+    assert n_lines == len(want) >= 12  # the adaptive search ran several lengths per m
+    out = tmp_path / "ray"
+    got = run_cram(model, [1, 2], out, executor=executors["ray2"], **_SWEEP)
+    recs, n = _records(out / "cram.jsonl")
+    assert n == n_lines and recs == want  # bit-identical verdicts, losses, steps, settings hash
+    assert got["curves"] == summary["curves"] and got["n50"] == summary["n50"]
+    # the file order is the task order, not the completion order
+    assert _ordered_keys(out / "cram.jsonl") == _ordered_keys(Path(summary["files"]["jsonl"]))
+
+
+def _ordered_keys(path):
+    return [(r["n_mem"], r["length"], r["target_index"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+def test_cramming_sweep_killed_mid_way_resumes_without_loss_or_double_count(cram_local, ray_cluster, tmp_path):
+    import threading
+
+    import psutil
+
+    from embgeom.cramming import run_cram
+
+    model, summary, (want, n_lines) = cram_local
+    out = tmp_path / "killed"
+    jsonl = out / "cram.jsonl"
+    failure = []
+
+    def sweep():
+        try:  # no retries: the killed task ends the run, as a lost node or Ctrl-C would
+            run_cram(model, [1, 2], out, executor=RayExecutor(num_cpus=1, max_retries=0, stall_timeout=STALL),
+                     **_SWEEP)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            failure.append(exc)
+
+    th = threading.Thread(target=sweep)
+    th.start()
+    killed = None
+    deadline = time.time() + 120
+    while killed is None and th.is_alive() and time.time() < deadline:
+        if jsonl.exists() and jsonl.read_text().count("\n") >= 2:  # some results are in
+            for proc in psutil.process_iter(["cmdline"]):
+                cmd = proc.info["cmdline"] or []
+                if cmd and cmd[0].startswith("ray::_run_task"):
+                    proc.kill()
+                    killed = proc.pid
+                    break
+        time.sleep(0.02)
+    th.join(timeout=180)
+    assert killed is not None and not th.is_alive()
+    from ray.exceptions import WorkerCrashedError
+
+    assert failure and isinstance(failure[0], WorkerCrashedError)
+    partial, n_partial = _records(jsonl)
+    assert 2 <= n_partial < n_lines and n_partial == len(partial)
+    assert all(partial[k] == want[k] for k in partial)  # what was written is right
+    # the rerun crams only what is missing: every target once, the records of the local run
+    again = run_cram(model, [1, 2], out, executor=RayExecutor(num_cpus=1, stall_timeout=STALL), **_SWEEP)
+    recs, n = _records(jsonl)
+    assert n == n_lines and recs == want
+    assert again["curves"] == summary["curves"]

@@ -22,7 +22,6 @@ from embgeom.supports import (
     log_cap_fraction,
     log_unit_ball_volume,
     support_from_final_norm,
-    supports_report_section,
 )
 
 
@@ -387,10 +386,14 @@ def test_bad_input_errors():
         fit_support(H, "ball", quantile=1.5)
     with pytest.raises(ValueError, match="quantile"):
         fit_support(H, "ball", quantile=0.0)
-    Z = H.copy()
-    Z[7] = 0.0
-    with pytest.raises(ValueError, match="zero vector"):
-        fit_support(Z, "cone")
+    Z = H + 3.0  # directions in an open hemisphere
+    Z[7] = 0.0  # the apex: inside every cone, so it changes nothing
+    cone_z = fit_support(Z, "cone")
+    cone_ref = fit_support(np.delete(Z, 7, axis=0), "cone")
+    assert cone_z.half_angle_ == cone_ref.half_angle_ and cone_z.radius_ == cone_ref.radius_
+    assert cone_z.contains(Z).all() and cone_z.n_fit_ == 50 and cone_z.n_dropped_ == 0
+    with pytest.raises(ValueError, match="X: degenerate data for the cone: all 50 points are at the origin"):
+        fit_support(np.zeros((50, 4)), "cone")
     S = fit_support(H, "ball")
     with pytest.raises(ValueError, match="dimension"):
         S.contains(rng.standard_normal((3, 5)))
@@ -443,43 +446,6 @@ def test_to_dict_json_and_estimator_conventions():
     est = Ball(centering="origin")
     assert est.fit(H) is est and est.origin_centred
     assert est.radius_ == pytest.approx(np.linalg.norm(H, axis=1).max())
-
-
-def test_supports_report_section(tmp_path):
-    rng = np.random.default_rng(1)
-    H = rng.standard_normal((150, 5)) + 1
-    norm = types.SimpleNamespace(kind="rmsnorm", weight=np.full(5, 2.0, dtype=np.float32), bias=None, eps=1e-6)
-    sec = supports_report_section(H, tmp_path, unembedding=types.SimpleNamespace(norm=norm))
-    json.dumps(sec)
-    for name in ("ball", "ball_origin", "ellipsoid", "cone", "box", "box_pca", "final_norm"):
-        assert math.isfinite(sec[name]["log_volume"])
-    assert sec["ellipsoid"]["log_volume"] < sec["ball"]["log_volume"] <= sec["ball_origin"]["log_volume"]
-    assert (tmp_path / "supports_log_volume.png").stat().st_size > 0
-    with pytest.raises(ValueError, match="unknown"):
-        supports_report_section(H, tmp_path, shapes=("sphere",))
-
-
-def test_report_section_heldout_check(tmp_path):
-    """A ball fitted to a small cloud misses far-away held-out points; the section says so."""
-    rng = np.random.default_rng(0)
-    H = rng.standard_normal((200, 5))
-    far = 10.0 * np.eye(5)
-    section, fitted = supports_report_section(H, tmp_path, shapes=("ball", "box"), heldout=far,
-                                              return_supports=True)
-    assert section["ball"]["heldout_contained"] == 0.0 and not section["ball"]["heldout_valid"]
-    inside = fitted["box"].sample(50, seed=1)
-    section, _ = supports_report_section(H, tmp_path, shapes=("box",), heldout=inside,
-                                         return_supports=True)
-    assert section["box"]["heldout_contained"] == 1.0 and section["box"]["heldout_valid"]
-    with pytest.raises(ValueError, match="heldout"):
-        supports_report_section(H, tmp_path, shapes=("ball",), heldout=np.ones((3, 4)))
-
-
-def test_report_section_bad_heldout_writes_nothing(tmp_path):
-    H = np.random.default_rng(0).standard_normal((30, 4))
-    with pytest.raises(ValueError, match="heldout"):
-        supports_report_section(H, tmp_path / "s", shapes=("ball",), heldout=np.full((3, 4), np.nan))
-    assert not (tmp_path / "s").exists()
 
 
 # ---------------------------------------------------------------- scikit-learn estimator API

@@ -147,3 +147,98 @@ def test_dump_writes_strict_json(tmp_path):
     # the standard library alone would write NaN, which a strict parser refuses
     with pytest.raises(ValueError, match="non-strict"):
         _strict(json.dumps({"a": math.nan}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The one door for arrays: torch half precision and pandas nullable dtypes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, bits", [("bfloat16", 8), ("float16", 11)])
+def test_check_array_refuses_torch_half_by_name(dtype, bits):
+    """Half-precision tensors follow numpy float16's rule: refused, naming argument and dtype
+    (never torch's "unsupported ScalarType BFloat16")."""
+    torch = pytest.importorskip("torch")
+    from embgeom._validation import check_array
+
+    t = torch.ones(3, 4, dtype=getattr(torch, dtype))
+    with pytest.raises(TypeError, match=rf"^H: torch.{dtype} input is refused \({bits} significant"):
+        check_array(t, "H")
+    with pytest.raises(TypeError, match=rf"^ids: expected integers, got dtype torch.{dtype}"):
+        check_int_array(t, "ids")
+    # the cast the message asks for is accepted, exactly
+    np.testing.assert_array_equal(check_array(t.float(), "H"), np.ones((3, 4)))
+
+
+def test_public_entry_points_refuse_torch_bfloat16_by_name():
+    torch = pytest.importorskip("torch")
+    from embgeom import Ball, Decoder
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((10, 4)).astype(np.float32)
+    H = torch.from_numpy(rng.standard_normal((20, 4)).astype(np.float32)).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="torch.bfloat16"):
+        Decoder(W).assign(H)
+    with pytest.raises(TypeError, match="^X: torch.bfloat16"):
+        Ball().fit(H)
+
+
+def test_pandas_nullable_floats_accepted_without_na():
+    pd = pytest.importorskip("pandas", reason="pandas is a dev dependency (pip install -e .[dev])")
+    from embgeom import Ball
+    from embgeom._validation import check_array
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 3))
+    df = pd.DataFrame(X, columns=list("abc")).astype("Float64")
+    out = check_array(df, "X", ndim=2)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, X)
+    np.testing.assert_array_equal(check_array(df["a"], "x", dtype=None), X[:, 0])
+    assert check_array(df.astype("Float32"), "X", dtype=None).dtype == np.float32
+    mixed = df.copy()
+    mixed["b"] = mixed["b"].astype(np.float64)  # a plain column beside nullable ones
+    np.testing.assert_array_equal(check_array(mixed, "X"), X)
+    # through a public fit: the same ball as from the numpy array
+    assert Ball().fit(df).radius_ == pytest.approx(Ball().fit(X).radius_, rel=1e-12)
+
+
+def test_pandas_na_refused_as_nan_by_name():
+    pd = pytest.importorskip("pandas", reason="pandas is a dev dependency (pip install -e .[dev])")
+    from embgeom._validation import check_array
+
+    s = pd.Series([1.0, None, 3.0], dtype="Float64")
+    with pytest.raises(ValueError, match=r"^h: contains 1 NaN"):
+        check_array(s, "h")
+    # with finite=False the NA is a NaN, as documented
+    assert np.isnan(check_array(s, "h", finite=False)[1])
+
+
+def test_pandas_nullable_ints():
+    pd = pytest.importorskip("pandas", reason="pandas is a dev dependency (pip install -e .[dev])")
+    from embgeom._validation import check_array
+
+    ids = pd.Series([3, 1, 2], dtype="Int64")
+    out = check_int_array(ids, "tokens")
+    assert out.dtype == np.int64 and out.tolist() == [3, 1, 2]
+    with pytest.raises(ValueError, match=r"^tokens: contains 1 missing value\(s\) \(pandas NA\)"):
+        check_int_array(pd.Series([3, None], dtype="Int64"), "tokens")
+    with pytest.raises(TypeError, match="^tokens: expected integer columns, got pandas dtype"):
+        check_int_array(pd.Series([1.0], dtype="Float64"), "tokens")
+    # an integer column is not floats, as for numpy integers
+    with pytest.raises(TypeError, match="^H: expected real floating-point columns, got pandas dtype.* Int64"):
+        check_array(ids, "H")
+    with pytest.raises(TypeError, match="string"):
+        check_array(pd.Series(["a"], dtype="string"), "H")
+
+
+def test_support_sample_takes_a_seed_sequence():
+    from embgeom import Ball, Box, Cone, Ellipsoid
+
+    rng = np.random.default_rng(1)
+    H = rng.standard_normal((60, 3)) + np.array([4.0, 0.0, 0.0])  # in a half-space: a real cone
+    for S in (Ball(), Box(), Cone(), Ellipsoid()):
+        S.fit(H)
+        a = S.sample(5, seed=np.random.SeedSequence(7))
+        np.testing.assert_array_equal(a, S.sample(5, seed=7))
+        assert S.contains(a).all()

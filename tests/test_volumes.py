@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from scipy.special import gammaln
 
 from embgeom.cells import Decoder
 from embgeom.supports import Ball, Box
-from embgeom.volumes import binomial_interval, cell_volumes, cells_report_section
+from embgeom.volumes import SAMPLE_BLOCK, binomial_interval, cell_volumes
 
 
 class TinyBall:
@@ -94,13 +93,32 @@ def test_seeding_chunks_and_log_volumes():
     b = rng.standard_normal(30).astype(np.float32)
     dec = Decoder(W, b)
     box = Box.from_params(-np.ones(4), 2 * np.ones(4))
-    a = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
-    c = cell_volumes(dec, box, 5000, seed=7, batch_size=1000, progress=False)
-    np.testing.assert_array_equal(a.counts, c.counts)
-    # the chunks are the support's own draws from SeedSequence children: recount by hand
-    children = np.random.SeedSequence(7).spawn(5)
-    X = np.vstack([box.sample(1000, seed=np.random.default_rng(ch)) for ch in children])
+    n = 20_000
+    a = cell_volumes(dec, box, n, seed=7, batch_size=1000, progress=False)
+    # issue 12 kind 7: the stream depends on the seed only; batch_size changes the speed
+    for bs in (8192, 20_000, 3):
+        c = cell_volumes(dec, box, n, seed=7, batch_size=bs, progress=False)
+        np.testing.assert_array_equal(a.counts, c.counts)
+    # blocks of SAMPLE_BLOCK points, block i the support's own draws from SeedSequence child i:
+    # recount by hand
+    sizes = [SAMPLE_BLOCK, SAMPLE_BLOCK, n - 2 * SAMPLE_BLOCK]
+    children = np.random.SeedSequence(7).spawn(3)
+    X = np.vstack([box.sample(m, seed=np.random.default_rng(ch)) for m, ch in zip(sizes, children)])
     np.testing.assert_array_equal(a.counts, np.bincount(dec.assign(X), minlength=30))
+    # any seed default_rng takes; the caller's SeedSequence is not advanced
+    ss = np.random.SeedSequence(7)
+    np.testing.assert_array_equal(cell_volumes(dec, box, n, seed=ss, progress=False).counts, a.counts)
+    assert ss.n_children_spawned == 0
+    arr = cell_volumes(dec, box, 3000, seed=[7, 1], progress=False).counts
+    want = np.bincount(dec.assign(box.sample(3000, seed=np.random.default_rng(np.random.SeedSequence([7, 1]).spawn(1)[0]))),
+                       minlength=30)
+    np.testing.assert_array_equal(arr, want)
+    g = np.random.default_rng(5)
+    g1 = cell_volumes(dec, box, 3000, seed=g, progress=False).counts
+    g2 = cell_volumes(dec, box, 3000, seed=g, progress=False).counts  # the Generator moved on
+    assert g1.sum() == g2.sum() == 3000 and not np.array_equal(g1, g2)
+    with pytest.raises(TypeError, match="seed"):
+        cell_volumes(dec, box, 10, seed=1.5, progress=False)
     lv = a.log_volumes
     hit = a.counts > 0
     np.testing.assert_allclose(lv[hit], np.log(a.fractions[hit]) + box.log_volume)
@@ -156,23 +174,6 @@ def test_bad_input():
 
     with pytest.raises(ValueError, match="NaN"):
         cell_volumes(Decoder(cross_polytope(3), np.zeros(6)), NaNSupport(3), 10, progress=False)
-
-
-def test_report_section(tmp_path):
-    W = np.vstack([cross_polytope(3), np.array([[0.1, 0.1, 0.0]])]).astype(np.float32)  # one inside
-
-    class Tok:
-        def convert_ids_to_tokens(self, ids):
-            return [f"tok{i}" for i in ids]
-
-    out = cells_report_section(Decoder(W), Ball.from_params(None, 1.0, dim=3), 2000, 0, tmp_path / "rep", Tok(), progress=False)
-    json.dumps(out)
-    assert out["unargmaxable"]["n_unargmaxable"] == 1 and out["unargmaxable"]["unargmaxable"] == [6]
-    assert out["unargmaxable"]["tokens"] == ["tok6"]
-    f = np.load(out["fractions_path"])
-    assert f.shape == (7,) and f[6] == 0 and f.sum() == pytest.approx(1.0)
-    assert os.path.getsize(out["histogram_path"]) > 1000
-    assert len(out["top"]) == 7 and out["top"][0]["token"].startswith("tok")
 
 
 def test_origin_ellipsoid_directions_match_the_exact_sector_shares():

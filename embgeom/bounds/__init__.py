@@ -17,8 +17,10 @@ One concept per module:
 - ``_rate.py``: :class:`CellVolumeRate`, :func:`cell_volume_rate`, :func:`cell_volume_rate_from_logs`.
 - ``_unbounded.py``: :func:`log_multiset_count`, :func:`threshold_length_unbounded` (Cor. 4.10).
 - ``_published.py``: :data:`PUBLISHED`, the paper's numbers.
-- ``_report.py``: :func:`bounds_report_section`, :func:`plot_accessible_fraction` (the only
-  module that writes files).
+
+The report section and the accessible-fraction figure live in :mod:`embgeom.report` (this
+package writes no files and never imports matplotlib; ``embgeom.bounds.bounds_report_section``
+still resolves, lazily).
 
 This package is numpy/scipy only: no torch, and scipy.signal / scipy.optimize are imported inside
 the functions that use them, so ``import embgeom.bounds`` stays light.
@@ -45,7 +47,6 @@ from ._packing import (
 from ._precision import FORMAT_BITS, precision_eps
 from ._published import PUBLISHED
 from ._rate import CellVolumeRate, cell_volume_rate, cell_volume_rate_from_logs
-from ._report import bounds_report_section, plot_accessible_fraction
 from ._unbounded import log_multiset_count, threshold_length_unbounded
 
 __all__ = [
@@ -65,6 +66,14 @@ __all__ = [
     "cell_volume_rate_from_logs",
     "log_multiset_count",
     "threshold_length_unbounded",
-    "plot_accessible_fraction",
-    "bounds_report_section",
 ]
+
+
+def __getattr__(name):
+    # The report section and its figure moved to embgeom.report (geometry does no I/O); the old
+    # names still work.
+    if name in ("bounds_report_section", "plot_accessible_fraction"):
+        from .. import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -9,6 +10,8 @@ import numpy as np
 from .._validation import check_positive, check_positive_int
 
 __all__ = ["FORMAT_BITS", "precision_eps"]
+
+_FLOAT64_TINY = float(np.finfo(np.float64).tiny)  # smallest normal float64, 2.2e-308
 
 #: Significant bits (mantissa + implicit bit) of the float formats.
 FORMAT_BITS: dict[str, int] = {
@@ -61,11 +64,12 @@ def precision_eps(radius, dtype_or_bits) -> float:
     Raises
     ------
     TypeError, ValueError
-        ``radius <= 0``, non-finite, an unknown format, or bits < 1.
+        ``radius <= 0``, non-finite, an unknown format, bits < 1, or an ``eps`` below float64's
+        normal range (``radius * 2**-bits < 2.2e-308``: it would lose digits or round to 0).
 
     Notes
     -----
-    The paper's convention ``eps = r_inf 2^-11`` (THEORY.md, "Precision") is ``bits=11``. With
+    The paper's convention ``eps = r_inf 2^-11`` (docs/theory.md, section 2 "Supports and precision") is ``bits=11``. With
     ``p`` significant bits the spacing of floats near ``r`` is between ``r 2^-p`` and
     ``r 2^(1-p)``; ``r 2^-p`` is the smaller (so the count it gives is the larger, conservative).
 
@@ -78,4 +82,10 @@ def precision_eps(radius, dtype_or_bits) -> float:
     """
     r = check_positive(radius, "radius")
     bits = _format_bits(dtype_or_bits)
-    return r * 2.0 ** (-bits)
+    eps = math.ldexp(r, -bits)  # exact (a power of two), unless it leaves the normal range
+    if not eps >= _FLOAT64_TINY:
+        raise ValueError(
+            f"radius, dtype_or_bits: radius * 2**-{bits} = {eps:.3g} underflows float64's normal "
+            f"range (radius {r:.3g}); rescale the support or use fewer bits"
+        )
+    return eps

@@ -1,10 +1,10 @@
-"""Published numbers from the paper (THEORY.md): empirical slopes, sizes, rates."""
+"""Published numbers from the paper (docs/paper.md, "The published table"): empirical slopes, sizes, rates."""
 
 from __future__ import annotations
 
 __all__ = ["PUBLISHED"]
 
-#: Published numbers (THEORY.md, from the paper): empirical slope ``c_emp`` (tokens per prompt
+#: Published numbers (docs/paper.md, from the paper): empirical slope ``c_emp`` (tokens per prompt
 #: vector, random text), hidden size ``d``, vocabulary size ``vocab_size``, and the paper's
 #: non-uniform-cell rate ``rate_lambda`` (nats per token) where it was given.
 PUBLISHED: dict[str, dict] = {

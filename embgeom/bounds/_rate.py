@@ -275,8 +275,8 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     """The non-uniform-cell rate ``lambda`` (nats per token).
 
     Draw ``k`` tokens uniformly from the vocabulary and multiply their cell-volume fractions;
-    ``-log`` of the median of that product grows by about ``lambda`` per token (THEORY.md,
-    "non-uniform cells"). Used as ``C_refined = C_shape log|V| / lambda``.
+    ``-log`` of the median of that product grows by about ``lambda`` per token (docs/theory.md,
+    section 5 "The non-uniform-cell refinement and lambda"). Used as ``C_refined = C_shape log|V| / lambda``.
 
     Parameters
     ----------

@@ -20,6 +20,8 @@ Public API
 - :func:`sample_targets`: seeded targets (random tokens, random words, or given texts).
 - :func:`accessibility_curve`: accessibility vs length, with Wilson intervals, adaptive mode,
   results appended to a JSONL file and reused on a rerun.
+- :func:`mixed_curves`: the curves of several m at once, rows of every (m, n) crammed in a few
+  mixed batches (the GPU layout of ``embgeom cram --protocol paper``), same records.
 - :func:`n50`: logistic fit of accessibility vs length, with a bootstrap interval.
 - :func:`fit_slope`: ``C_emp`` with intervals and R^2, ratio against ``C_theory``.
 - :func:`theory_slope`: ``C_theory`` from :mod:`embgeom.bounds`.
@@ -52,6 +54,7 @@ __all__ = [
     "teacher_forced_accuracy",
     "sample_targets",
     "accessibility_curve",
+    "mixed_curves",
     "n50",
     "fit_slope",
     "theory_slope",
@@ -73,6 +76,7 @@ _HOME = {
     "sample_targets": "_targets",
     "WORD_BOUNDARY_MARKERS": "_targets",
     "accessibility_curve": "_curve",
+    "mixed_curves": "_curve",
     "plot_accessibility": "plots",
     "plot_n50": "plots",
     "run_cram": "_run",

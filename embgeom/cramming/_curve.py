@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -33,13 +34,13 @@ from embgeom._hf import (
     unwrap,
     vocab_rows,
 )
-from embgeom._validation import check_positive, check_positive_int
+from embgeom._validation import check_positive_int
 
 from ._optimise import cram
 from ._targets import _TAG_INIT, sample_targets, source_descriptor
 from .analysis import AccessibilityCurve
 
-__all__ = ["accessibility_curve"]
+__all__ = ["accessibility_curve", "mixed_curves"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,9 +71,15 @@ def _settings_hash(settings: dict) -> str:
 
 
 def _curve_settings(hf, name, mdtype, *, start, steps, lr, seed, target_source,
-                    check_generation, cram_kwargs) -> dict:
-    """The settings a curve's records are keyed on (their hash is the resume key)."""
-    return {
+                    check_generation, cram_kwargs, precision="float32", weight_decay=0.0,
+                    patience=None) -> dict:
+    """The settings a curve's records are keyed on (their hash is the resume key).
+
+    ``precision``, ``weight_decay`` and ``patience`` enter only when they differ from their
+    defaults (``"float32"``, 0, None), so the hash of a run with the defaults is the one of
+    the code before these options existed (pinned in the tests: a running job resumes).
+    """
+    settings = {
         "model": _model_fingerprint(hf, name),
         "dtype": dtype_name(mdtype),
         "start_token": start,
@@ -84,6 +91,13 @@ def _curve_settings(hf, name, mdtype, *, start, steps, lr, seed, target_source,
         "cram_kwargs": {k: (list(v) if isinstance(v, tuple) else v)
                         for k, v in sorted(cram_kwargs.items())},
     }
+    if precision != "float32":
+        settings["precision"] = precision
+    if weight_decay:
+        settings["weight_decay"] = weight_decay
+    if patience is not None:
+        settings["patience"] = patience
+    return settings
 
 
 def _length_grid(lengths, adaptive: bool, max_length: int) -> list[int]:
@@ -138,6 +152,10 @@ def _append_lines(path, lines: list[str]) -> None:
         fh.write(("\n".join(lines) + "\n").encode())
 
 
+#: Record keys added after the first format; written after it, so its key order stays a prefix.
+_LATER_KEYS = ("stop_reason", "precision")
+
+
 class _ResumeStore:
     """The per-target records of one curve: those already in the JSONL file, and new ones.
 
@@ -165,10 +183,11 @@ class _ResumeStore:
         """Record the :class:`CramResult` ``res`` of targets ``indices`` at length ``n``."""
         lines = []
         for j, rec in zip(indices, res.to_records()):
+            later = {k: rec.pop(k) for k in _LATER_KEYS}  # after the keys of the first format
             rec = {
                 "settings_hash": self.shash, "n_mem": self.n_mem, "length": n, "target_index": j,
                 **rec, "dtype": res.dtype, "device": res.device,
-                "batch_wall_s": res.wall_s, "settings": self.settings,
+                "batch_wall_s": res.wall_s, "settings": self.settings, **later,
             }
             self.records[self._key(n, j)] = rec
             lines.append(_json.dumps(rec))
@@ -188,44 +207,134 @@ class _ResumeStore:
 # --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=2)
+def _worker_model(load: str, device):
+    """The model a worker process loads by name or path, once per process
+    (:func:`embgeom.adapters.load_model` with its defaults, as ``run_cram`` loads it)."""
+    from embgeom.adapters import load_model
+
+    model = load_model(load, progress=False)
+    if device is not None:
+        unwrap(model)[0].to(device)
+    return model
+
+
+def _cram_task(n: int, idx: tuple, *, model, load, device, n_mem, seed, target_source, start,
+               options):
+    """One task of a curve: cram targets ``idx`` (target indices) at length ``n``.
+
+    Module-level so that Ray ships it by reference. ``model`` is the model itself (local, or
+    a copy from the object store), or None with ``load`` naming what each worker process
+    loads once (:func:`_worker_model`). Targets and initial memory vectors come from the keyed
+    seeds ``[seed, 0, j, chunk]`` and ``[seed, 1, n_mem, n, j]`` of target ``j``: the same
+    numbers in any process and any order. ``options`` are :func:`cram`'s other keywords.
+    Returns the :class:`CramResult` of the batch.
+    """
+    if model is None:
+        model = _worker_model(load, device)
+    T = np.concatenate([
+        sample_targets(model, n, 1, target_source=target_source, seed=seed, start=j)
+        for j in idx
+    ])
+    kw = dict(options)
+    if device is not None:
+        kw["device"] = device
+    return cram(model, T, n_mem, seed=[[seed, _TAG_INIT, n_mem, n, j] for j in idx],
+                start_token=start, **kw)
+
+
 class _LengthRunner:
-    """Runs one length at a time: crams the targets the store lacks, in batches, and keeps the
-    counts of every length run (``results``)."""
+    """Runs lengths: crams the targets the store lacks, one task per batch of targets (keyed
+    ``(n_mem, length, first target index)``) on an executor, records results in task order,
+    and keeps the counts of every length run (``results``). ``options`` are passed to
+    :func:`cram`."""
 
     def __init__(self, model, store: _ResumeStore, *, n_targets, batch_size, target_source,
-                 seed, start, steps, lr, check_generation, progress, cram_kwargs, bar=None):
+                 seed, start, options: dict, bar=None, executor=None, load=None, device=None):
+        from embgeom.parallel import LocalExecutor
+
         self.model, self.store, self.bar = model, store, bar
         self.n_targets, self.batch_size = n_targets, batch_size
-        self.target_source, self.seed, self.start = target_source, seed, start
-        self.steps, self.lr, self.check_generation = steps, lr, check_generation
-        self.progress, self.cram_kwargs = progress, cram_kwargs
+        self.progress = bool(options.get("progress", False))
+        self.executor = LocalExecutor() if executor is None else executor
+        local = self.executor.name == "local"
+        # local: the model object itself and today's progress bars; elsewhere: loaded by name
+        # once per worker process, or the object shipped once (ray.put)
+        if local:
+            self.shared = {"model": model}
+        elif load is not None:
+            self.shared = {"model": None}
+        else:
+            self.shared = {"model": self.executor.put(model)}
+        self.kwargs = {
+            "load": load, "device": None if local else device, "n_mem": store.n_mem,
+            "seed": seed, "target_source": target_source, "start": start,
+            "options": {**options, "progress": self.progress and local},
+        }
         self.results: dict[int, tuple[int, int, int]] = {}
 
-    def _cram_batch(self, n: int, idx: list[int]) -> None:
-        T = np.concatenate([
-            sample_targets(self.model, n, 1, target_source=self.target_source, seed=self.seed,
-                           start=j)
-            for j in idx
-        ])
-        n_mem = self.store.n_mem
-        res = cram(
-            self.model, T, n_mem, steps=self.steps, lr=self.lr,
-            seed=[[self.seed, _TAG_INIT, n_mem, n, j] for j in idx], start_token=self.start,
-            check_generation=self.check_generation, progress=self.progress, **self.cram_kwargs,
-        )
-        self.store.add(n, idx, res)
+    def _tasks(self, lengths) -> dict:
+        tasks = {}
+        for n in lengths:
+            missing = self.store.missing(n, self.n_targets)
+            for s in range(0, len(missing), self.batch_size):
+                idx = tuple(missing[s : s + self.batch_size])
+                tasks[(self.store.n_mem, n, idx[0])] = (n, idx)
+        return tasks
 
-    def run(self, n: int) -> float:
-        """Accessibility at length ``n`` (cramming only the targets not yet recorded)."""
-        missing = self.store.missing(n, self.n_targets)
-        for s in range(0, len(missing), self.batch_size):
-            self._cram_batch(n, missing[s : s + self.batch_size])
+    def run_all(self, lengths) -> None:
+        """Every length of ``lengths``: one map over all their batches (records in task order:
+        length by length, batch by batch, as a serial run writes them)."""
+        tasks = self._tasks(lengths)
+        if tasks:
+            self.executor.map_keyed(
+                _cram_task, tasks, shared=self.shared, kwargs=self.kwargs,
+                on_result=lambda key, res: self.store.add(tasks[key][0], list(tasks[key][1]), res),
+                progress=self.progress and self.executor.name != "local",
+                desc=f"cram m={self.store.n_mem}",
+            )
+        for n in lengths:
+            self._count(n)
+
+    def _count(self, n: int) -> float:
         k, kg, N = self.store.counts(n, self.n_targets)
         self.results[n] = (k, kg, N)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(length=n, accessibility=f"{k / N:.2f}")
         return k / N
+
+    def run(self, n: int) -> float:
+        """Accessibility at length ``n`` (cramming only the targets not yet recorded)."""
+        self.run_all([n])
+        return self.results[n][0] / self.results[n][2]
+
+
+def _take(res, sel) -> "object":
+    """The rows ``sel`` of a :class:`CramResult` (every per-row array indexed)."""
+    from dataclasses import fields, replace
+
+    per_row = {f.name: getattr(res, f.name)[sel] for f in fields(res)
+               if isinstance(getattr(res, f.name), np.ndarray)}
+    return replace(res, **per_row)
+
+
+def _cram_mixed_batch(model, stores: dict, rows: list, *, target_source, seed, start,
+                      options: dict) -> None:
+    """Cram the rows ``(m, n, j)`` (target j of length n with m memory vectors) in one batch
+    and record each in its m's store, exactly as :class:`_LengthRunner` would (same targets,
+    same initial memory vectors; only the padding of the batch differs)."""
+    T = [sample_targets(model, n, 1, target_source=target_source, seed=seed, start=j)[0]
+         for _, n, j in rows]
+    res = cram(model, T, [m for m, _, _ in rows],
+               seed=[[seed, _TAG_INIT, m, n, j] for m, n, j in rows], start_token=start,
+               **options)
+    groups: dict = {}
+    for r, (m, n, j) in enumerate(rows):
+        groups.setdefault((m, n), []).append((r, j))
+    for (m, n), items in groups.items():
+        sel = np.array([r for r, _ in items])
+        stores[m].add(n, [j for _, j in items], _take(res, sel))
 
 
 def _adaptive_search(grid: list[int], run) -> None:
@@ -248,6 +357,122 @@ def _adaptive_search(grid: list[int], run) -> None:
             lo_b = mid
         else:
             hi = mid
+
+
+_CRAM_KWARGS = ("init_scale", "betas", "adam_eps", "use_cache")
+
+
+def _setup(model, *, seed, start_token, steps, lr, device, target_source, check_generation,
+           progress, precision, weight_decay, patience, cram_kwargs):
+    """Check every option before any work, resolve the start token, move the model.
+
+    Returns ``(start, settings, options)``: the start token id (or None), the settings the
+    records are keyed on (:func:`_curve_settings`) and the keyword arguments of :func:`cram`.
+    """
+    from ._optimise import _check_cram_options, _check_flag, _check_precision_device
+
+    unknown = sorted(set(cram_kwargs) - set(_CRAM_KWARGS))
+    if unknown:
+        raise TypeError(f"{unknown[0]}: not an option of cram (expected one of {_CRAM_KWARGS})")
+    seed = check_positive_int(seed, "seed", minimum=0)
+    opts = _check_cram_options(
+        steps=steps, lr=lr, weight_decay=weight_decay, patience=patience, precision=precision,
+        **{k: v for k, v in cram_kwargs.items() if k != "use_cache"})
+    check_generation = _check_flag(check_generation, "check_generation")
+    progress = _check_flag(progress, "progress")
+    if "use_cache" in cram_kwargs:
+        _check_flag(cram_kwargs["use_cache"], "use_cache")
+    hf, tokenizer, name, _ = unwrap(model)
+    start = resolve_start_token(hf, tokenizer, start_token, vocab_rows(hf))
+    device = check_device(device)
+    _check_precision_device(opts.precision, device if device is not None
+                            else model_device_dtype(hf)[0])
+    if device is not None:
+        hf.to(device)
+    _, mdtype = model_device_dtype(hf)
+    settings = _curve_settings(hf, name, mdtype, start=start, steps=opts.steps, lr=opts.lr,
+                               seed=seed, target_source=target_source,
+                               check_generation=check_generation, cram_kwargs=cram_kwargs,
+                               precision=opts.precision, weight_decay=opts.weight_decay,
+                               patience=opts.patience)
+    options = dict(steps=opts.steps, lr=opts.lr, check_generation=check_generation,
+                   progress=progress, precision=opts.precision, weight_decay=opts.weight_decay,
+                   patience=opts.patience, **cram_kwargs)
+    return start, settings, options
+
+
+def _curve_from_store(store: _ResumeStore, lengths, n_targets: int, settings: dict,
+                      adaptive: bool) -> AccessibilityCurve:
+    ls = np.array(sorted(lengths), np.int64)
+    counts = [store.counts(int(n), n_targets) for n in ls]
+    return AccessibilityCurve(
+        n_mem=store.n_mem, lengths=ls,
+        successes=np.array([c[0] for c in counts], np.int64),
+        successes_generation=np.array([c[1] for c in counts], np.int64),
+        trials=np.array([c[2] for c in counts], np.int64),
+        settings={**settings, "settings_hash": store.shash, "adaptive": bool(adaptive),
+                  "n_targets": n_targets},
+    )
+
+
+def mixed_curves(model, lengths: dict, n_targets: int, *, n_batches: int = 1,
+                 target_source="random-tokens", seed: int = 0, start_token="auto",
+                 steps: int = 1000, lr: float = 1e-2, jsonl=None, device=None,
+                 check_generation: bool = True, progress: bool = True,
+                 precision: str = "float32", weight_decay: float = 0.0,
+                 patience: int | None = None, **cram_kwargs) -> dict:
+    """Accessibility curves for several m at once, the rows of every (m, n) crammed together.
+
+    The same targets, initial memory vectors, settings (and settings hash) and JSONL records
+    as :func:`accessibility_curve` run once per m with the given lengths (non-adaptive): a
+    rerun of either resumes the other's records. Only the batching differs: all missing rows
+    ``(m, n, j)`` are sorted by input length ``m + n`` and split into ``n_batches`` batches of
+    mixed m and n (:func:`cram` with rows of different m and n). On a GPU, where a step of a
+    small model costs about the same for 8 rows as for 200, this is what makes a whole grid
+    fit in one run (:mod:`embgeom._cram_protocol`). Padding changes the float rounding of a
+    row's arithmetic, not its maths.
+
+    Parameters
+    ----------
+    model : LoadedModel or HF causal LM
+    lengths : dict {m: sequence of int}
+        Target lengths per number of memory vectors.
+    n_targets : int
+    n_batches : int, default 1
+    target_source, seed, start_token, steps, lr, jsonl, device, check_generation, progress,
+    precision, weight_decay, patience, **cram_kwargs
+        As in :func:`accessibility_curve`.
+
+    Returns
+    -------
+    dict {m: AccessibilityCurve}
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`accessibility_curve`; ``lengths`` not a dict of positive lengths.
+    """
+    if not isinstance(lengths, dict) or not lengths:
+        raise TypeError(f"lengths: expected a dict {{m: [n, ...]}}, got {type(lengths).__name__}")
+    grid = {check_positive_int(m, "lengths key (m)"): _length_grid(ns, False, 1 << 62)
+            for m, ns in lengths.items()}
+    n_targets = check_positive_int(n_targets, "n_targets")
+    n_batches = check_positive_int(n_batches, "n_batches")
+    start, settings, options = _setup(
+        model, seed=seed, start_token=start_token, steps=steps, lr=lr, device=device,
+        target_source=target_source, check_generation=check_generation, progress=progress,
+        precision=precision, weight_decay=weight_decay, patience=patience,
+        cram_kwargs=cram_kwargs)
+    seed = settings["seed"]
+    stores = {m: _ResumeStore(jsonl, settings, m) for m in grid}
+    rows = sorted(((m, n, j) for m, ns in grid.items() for n in ns
+                   for j in stores[m].missing(n, n_targets)),
+                  key=lambda r: (r[0] + r[1], r))
+    for idx in np.array_split(np.arange(len(rows)), n_batches):
+        if len(idx):
+            _cram_mixed_batch(model, stores, [rows[i] for i in idx], target_source=target_source,
+                              seed=seed, start=start, options=options)
+    return {m: _curve_from_store(stores[m], grid[m], n_targets, settings, False) for m in grid}
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,6 +498,11 @@ def accessibility_curve(
     device=None,
     check_generation: bool = True,
     progress: bool = True,
+    precision: str = "float32",
+    weight_decay: float = 0.0,
+    patience: int | None = None,
+    executor="local",
+    load_on_workers: str | None = None,
     **cram_kwargs,
 ) -> AccessibilityCurve:
     """Accessibility (fraction of crammable targets) vs target length, for m = ``n_mem``.
@@ -312,7 +542,25 @@ def accessibility_curve(
         Move the model to this device first.
     check_generation : bool, default True
     progress : bool, default True
-        tqdm bars: one over lengths, and one over the Adam steps of each batch of targets.
+        tqdm bars: one over lengths, and one over the Adam steps of each batch of targets
+        (local) or over the finished batches (Ray).
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the batches run (:mod:`embgeom.parallel`): one task per batch of targets, keyed
+        ``(n_mem, length, first target index)``; the targets already in ``jsonl`` are skipped
+        before the tasks are made. Without ``adaptive`` all lengths go in one map; with it, one
+        map per grid or bisection step. Records are appended in task order, so the file is
+        the same whatever the completion order, and a crash leaves a prefix that a rerun
+        completes. The keyed seeds make every executor give the records of the local run.
+        Ray: set ``num_gpus`` on the executor for GPU tasks (the CLI does it for
+        ``--device cuda``).
+    load_on_workers : str, optional
+        Registry name or path from which each worker process loads the model once
+        (:func:`embgeom.adapters.load_model` with its defaults, then ``device``), instead of
+        receiving a pickled copy of ``model`` through the object store. Must name the same
+        model as ``model`` (the settings hash is computed from ``model``). Ignored locally.
+    precision, weight_decay, patience
+        See :func:`cram`. Each enters the settings (and their hash) only when it differs from
+        its default, so a run with the defaults keeps the hash of earlier versions.
     **cram_kwargs
         Passed to :func:`cram` (``init_scale``, ``betas``, ``adam_eps``, ``use_cache``); they
         enter the settings hash.
@@ -324,25 +572,20 @@ def accessibility_curve(
     Raises
     ------
     TypeError, ValueError
-        Bad arguments (as in :func:`cram` and :func:`sample_targets`), lengths not positive.
+        Bad arguments (as in :func:`cram` and :func:`sample_targets`, all checked before any
+        work), lengths not positive, an unknown keyword in ``cram_kwargs``.
     """
     n_mem = check_positive_int(n_mem, "n_mem")
     n_targets = check_positive_int(n_targets, "n_targets")
     batch_size = check_positive_int(batch_size, "batch_size")
     max_length = check_positive_int(max_length, "max_length")
-    seed = check_positive_int(seed, "seed", minimum=0)
-    steps = check_positive_int(steps, "steps", minimum=0)
-    lr = check_positive(lr, "lr")
     grid = _length_grid(lengths, adaptive, max_length)
-    hf, tokenizer, name, _ = unwrap(model)
-    start = resolve_start_token(hf, tokenizer, start_token, vocab_rows(hf))
-    device = check_device(device)
-    if device is not None:
-        hf.to(device)
-    _, mdtype = model_device_dtype(hf)
-    settings = _curve_settings(hf, name, mdtype, start=start, steps=steps, lr=lr, seed=seed,
-                               target_source=target_source, check_generation=check_generation,
-                               cram_kwargs=cram_kwargs)
+    start, settings, options = _setup(
+        model, seed=seed, start_token=start_token, steps=steps, lr=lr, device=device,
+        target_source=target_source, check_generation=check_generation, progress=progress,
+        precision=precision, weight_decay=weight_decay, patience=patience,
+        cram_kwargs=cram_kwargs)
+    seed = settings["seed"]
     store = _ResumeStore(jsonl, settings, n_mem)
 
     bar = None
@@ -350,16 +593,18 @@ def accessibility_curve(
         from tqdm.auto import tqdm
 
         bar = tqdm(desc=f"accessibility m={n_mem}", unit="length")
-    runner = _LengthRunner(model, store, n_targets=n_targets, batch_size=batch_size,
-                           target_source=target_source, seed=seed, start=start, steps=steps,
-                           lr=lr, check_generation=check_generation, progress=progress,
-                           cram_kwargs=cram_kwargs, bar=bar)
+    from embgeom.parallel import executor_scope
+
     try:
-        if adaptive:
-            _adaptive_search(grid, runner.run)
-        else:
-            for n in grid:
-                runner.run(n)
+        with executor_scope(executor) as ex:
+            runner = _LengthRunner(model, store, n_targets=n_targets, batch_size=batch_size,
+                                   target_source=target_source, seed=seed, start=start,
+                                   options=options, bar=bar, executor=ex,
+                                   load=load_on_workers, device=device)
+            if adaptive:
+                _adaptive_search(grid, runner.run)
+            else:
+                runner.run_all(grid)
     finally:
         if bar is not None:
             bar.close()

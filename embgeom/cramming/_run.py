@@ -8,6 +8,7 @@ files (:func:`_write_summary`).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from embgeom import _json
 from embgeom._hf import check_device, dtype_name, model_device_dtype, unwrap
 from embgeom._validation import check_positive_int
 
-from ._curve import accessibility_curve
+from ._curve import accessibility_curve, mixed_curves
+from ._optimise import _check_cram_options
 from ._targets import source_descriptor
 from .analysis import fit_slope, n50
 from .plots import plot_accessibility, plot_n50
@@ -26,10 +28,31 @@ __all__ = ["run_cram"]
 
 
 def _check_out_dir(out_dir) -> Path:
+    """``out_dir`` as a Path, after checking, before any work, that it can be written.
+
+    The folder (or, when it does not exist yet, its nearest existing parent, where it will be
+    created) must be a folder in which a probe file can be created and deleted.
+
+    Raises
+    ------
+    ValueError
+        A path component exists and is not a folder.
+    PermissionError, OSError
+        The folder cannot be written (read-only, no permission), with the path in the message.
+    """
     out = Path(out_dir)
     for parent in (out, *out.parents):
         if parent.exists() and not parent.is_dir():
             raise ValueError(f"out_dir: {str(parent)!r} exists and is not a folder")
+    where = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    probe = where / f".embgeom-write-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"out_dir: cannot write in {str(where)!r} "
+                                   f"({exc.strerror or exc})") from None
     return out
 
 
@@ -42,14 +65,44 @@ def _load(model_name):
     return model_name
 
 
-def _sweep(model, ms, *, jsonl, lengths, n_targets, seed, n_boot, curve_kwargs):
-    """One :func:`accessibility_curve` and one :func:`n50` per m."""
-    curves, n50s = {}, {}
-    for m in ms:
-        curves[m] = accessibility_curve(model, m, lengths, n_targets, seed=seed, jsonl=jsonl,
-                                        **curve_kwargs)
-        n50s[m] = n50(curves[m], n_boot=n_boot, seed=seed)
+def _sweep(model, ms, *, jsonl, lengths, n_targets, seed, n_boot, curve_kwargs,
+           mixed_batches=None):
+    """One accessibility curve and one :func:`n50` per m: :func:`accessibility_curve` per m,
+    or with ``mixed_batches`` :func:`mixed_curves` for all m at once."""
+    if mixed_batches is not None:
+        # mixed batches run in this process (one batch holds rows of every m)
+        kw = {k: v for k, v in curve_kwargs.items()
+              if k not in ("adaptive", "max_length", "batch_size", "executor", "load_on_workers",
+                           "device")}
+        curves = mixed_curves(model, {m: _lengths_for(lengths, m) for m in ms}, n_targets,
+                              n_batches=mixed_batches, seed=seed, jsonl=jsonl, **kw)
+    else:
+        curves = {m: accessibility_curve(model, m, _lengths_for(lengths, m), n_targets,
+                                         seed=seed, jsonl=jsonl, **curve_kwargs) for m in ms}
+    n50s = {m: n50(curves[m], n_boot=n_boot, seed=seed) for m in ms}
     return curves, n50s
+
+
+def _lengths_for(lengths, m: int):
+    """The lengths of m: ``lengths[m]`` for a dict, else ``lengths`` (None: adaptive)."""
+    if isinstance(lengths, dict):
+        if m not in lengths:
+            raise ValueError(f"lengths: no lengths for m = {m}")
+        return lengths[m]
+    return lengths
+
+
+def _check_lengths(lengths, ms, mixed_batches):
+    if isinstance(lengths, dict):
+        lengths = {check_positive_int(m, "lengths key (m)"): v for m, v in lengths.items()}
+        missing = [m for m in ms if m not in lengths]
+        if missing:
+            raise ValueError(f"lengths: no lengths for m = {missing}")
+    if mixed_batches is not None:
+        mixed_batches = check_positive_int(mixed_batches, "mixed_batches")
+        if lengths is None:
+            raise ValueError("lengths: mixed batches need the lengths (no adaptive search)")
+    return lengths, mixed_batches
 
 
 def _fit(n50s: dict, c_theory):
@@ -116,6 +169,13 @@ def run_cram(
     check_generation: bool = True,
     start_token="auto",
     progress: bool = True,
+    precision: str = "float32",
+    weight_decay: float = 0.0,
+    patience: int | None = None,
+    betas=None,
+    mixed_batches: int | None = None,
+    protocol: dict | None = None,
+    executor="local",
 ) -> dict:
     """The ``embgeom cram`` job: accessibility curves for each m, n50, C_emp, files on disk.
 
@@ -131,14 +191,30 @@ def run_cram(
     mems : sequence of int
         Numbers of memory vectors m.
     out_dir : str or Path
-    lengths, n_targets, steps, lr, seed, adaptive, target_source, max_length, batch_size,
-    device, check_generation, start_token : see :func:`accessibility_curve`.
+    lengths : sequence of int, dict {m: sequence of int} or None
+        Target lengths (one list for every m, or one per m); None: adaptive search.
+    n_targets, steps, lr, seed, adaptive, target_source, max_length, batch_size, device,
+    check_generation, start_token, precision, weight_decay, patience :
+        see :func:`accessibility_curve` and :func:`cram`.
+    betas : pair of float, optional
+        Adam's betas (default: :func:`cram`'s, and then left out of the settings hash).
+    mixed_batches : int, optional
+        Cram all (m, n) rows together in this many batches (:func:`mixed_curves`; needs
+        ``lengths``, no adaptive search): the GPU layout of ``embgeom cram --protocol paper``.
+    protocol : dict, optional
+        A description of the preset the settings came from (e.g.
+        :func:`embgeom._cram_protocol.paper_protocol`), stored in the summary.
     plot : bool, default True
     n_boot : int, default 200
         Bootstrap draws of :func:`n50`.
     c_theory : float, optional
         Theoretical slope for the ratio in :func:`fit_slope`.
     progress : bool, default True
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the batches of targets run (see :func:`accessibility_curve`); one connection for
+        the whole sweep. When ``model_name`` is a name or path, each Ray worker process loads
+        the model from it once (and moves it to ``device``) instead of receiving a copy. Same
+        records, ``cram.jsonl`` and summary on every executor.
 
     Returns
     -------
@@ -146,11 +222,27 @@ def run_cram(
         ``model``, ``dtype``, ``device``, ``settings``, ``curves`` {m: curve dict}, ``n50``
         {m: dict}, ``fit`` (:func:`fit_slope`, or None with ``fit_error`` when fewer than two
         finite n50), ``files``, ``wall_s``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments, checked before the model is loaded where they do not need it.
+    OSError
+        ``out_dir`` cannot be written (checked before the model is loaded).
     """
     t0 = time.perf_counter()
     ms = sorted({check_positive_int(m, "mems") for m in np.atleast_1d(mems).tolist()})
     if not ms:
         raise ValueError("mems: expected at least one number of memory vectors")
+    n_targets = check_positive_int(n_targets, "n_targets")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    n_boot = check_positive_int(n_boot, "n_boot", minimum=0)
+    lengths, mixed_batches = _check_lengths(lengths, ms, mixed_batches)
+    cram_kwargs = {} if betas is None else {"betas": tuple(betas) if isinstance(betas, list)
+                                            else betas}
+    _check_cram_options(steps=steps, lr=lr, weight_decay=weight_decay, patience=patience,
+                        precision=precision, **cram_kwargs)
+    check_device(device)
     out = _check_out_dir(out_dir)
     model = _load(model_name)
     hf, _, name, _ = unwrap(model)
@@ -160,22 +252,36 @@ def run_cram(
     dev, mdtype = model_device_dtype(hf)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "cram.jsonl"
-    curves, n50s = _sweep(model, ms, jsonl=jsonl, lengths=lengths, n_targets=n_targets, seed=seed,
-                          n_boot=n_boot, curve_kwargs=dict(
-                              target_source=target_source, adaptive=adaptive,
-                              max_length=max_length, steps=steps, lr=lr, batch_size=batch_size,
-                              check_generation=check_generation, start_token=start_token,
-                              progress=progress))
+    from embgeom.parallel import executor_scope
+
+    with executor_scope(executor) as ex:
+        curves, n50s = _sweep(model, ms, jsonl=jsonl, lengths=lengths, n_targets=n_targets,
+                              seed=seed, n_boot=n_boot, mixed_batches=mixed_batches,
+                              curve_kwargs=dict(
+                                  target_source=target_source, adaptive=adaptive,
+                                  max_length=max_length, steps=steps, lr=lr,
+                                  batch_size=batch_size, check_generation=check_generation,
+                                  start_token=start_token, progress=progress,
+                                  precision=precision, weight_decay=weight_decay,
+                                  patience=patience, executor=ex, device=device,
+                                  load_on_workers=model_name if isinstance(model_name, str) else None,
+                                  **cram_kwargs))
     finite, fit, fit_error = _fit(n50s, c_theory)
     files = {"jsonl": str(jsonl)}
     if plot:
         files.update(_plots(out, curves, finite, fit))
     settings = {
-        "mems": ms, "lengths": None if lengths is None else [int(x) for x in np.atleast_1d(lengths)],
+        "mems": ms,
+        "lengths": (None if lengths is None else
+                    {str(m): [int(x) for x in np.atleast_1d(v)] for m, v in lengths.items()}
+                    if isinstance(lengths, dict) else [int(x) for x in np.atleast_1d(lengths)]),
         "n_targets": n_targets, "steps": steps, "lr": lr, "seed": seed, "adaptive": adaptive,
         "target_source": source_descriptor(target_source), "max_length": max_length,
         "batch_size": batch_size, "n_boot": n_boot,
         "start_token": next(iter(curves.values())).settings.get("start_token"),
+        "precision": precision, "weight_decay": weight_decay, "patience": patience,
+        "betas": None if betas is None else [float(b) for b in betas],
+        "mixed_batches": mixed_batches, "protocol": protocol,
     }
     summary = _summary(model, name, mdtype, dev, settings=settings, curves=curves, n50s=n50s,
                        fit=fit, fit_error=fit_error, files=files, t0=t0)
@@ -185,7 +291,7 @@ def run_cram(
 
 def _summary_markdown(summary: dict) -> str:
     """The readable form of a :func:`run_cram` summary: one table per m, n50s, the fit."""
-    from embgeom._markdown import fmt, md_table
+    from embgeom.report._markdown import fmt, md_table
 
     st = summary["settings"]
     lines = [
@@ -195,6 +301,12 @@ def _summary_markdown(summary: dict) -> str:
         f"Adam lr {st['lr']}, at most {st['steps']} steps; {st['n_targets']} targets per length "
         f"({st['target_source']}), seed {st['seed']}; wall {summary['wall_s']:.0f} s.",
     ]
+    extra = [f"{k} {st[k]}" for k in ("precision", "weight_decay", "patience", "betas")
+             if st.get(k) not in (None, 0, 0.0, "float32")]
+    if st.get("protocol"):
+        extra.insert(0, f"protocol {st['protocol'].get('name', 'custom')}")
+    if extra:
+        lines.append("Settings: " + "; ".join(extra) + ".")
     for m, c in summary["curves"].items():
         rows = [
             [n, f"{k}/{N}", a, f"[{fmt(lo, 3)}, {fmt(hi, 3)}]", f"{kg}/{N}"]

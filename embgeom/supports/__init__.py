@@ -1,7 +1,7 @@
 """Supports: bounded sets that hold the hidden states, fitted as minimum-volume enclosures.
 
 A *support* ``S`` is a bounded subset of ``R^d`` that contains the hidden states (or the prompt
-vectors) in practice. Its volume enters the packing-number bounds (THEORY.md, "Refinements"), and
+vectors) in practice. Its volume enters the packing-number bounds (docs/theory.md, section 4 "Packing bounds per support"), and
 it is the sampling region of the Monte Carlo cell volumes. Tighter support, tighter bound.
 
 Each shape is a scikit-learn estimator of the outlier-detector family (:class:`Support`:
@@ -21,7 +21,10 @@ ellipsoid ``G B``, its LP description, its JSON form). One shape per module:
 - :class:`FinalNormShell` (``_shell.py``): the set certified by the final RMSNorm/LayerNorm, no
   data needed (:func:`support_from_final_norm`).
 
-:func:`fit_support` (``_fit.py``, with the shape registry) is the functional front door. Volumes
+:func:`fit_support` (``_fit.py``, with the shape registry) is the functional front door; its
+``calibrate=alpha`` option and :func:`calibrate_support` (``_conformal.py``) give split-conformal
+coverage for fresh points, and :func:`containment_check` (``_validity.py``) the held-out share
+with its one-sided Clopper-Pearson lower bound. Volumes
 are in log space (nats), so ``d = 4096`` never overflows; the special functions live in
 :mod:`embgeom._special`.
 
@@ -42,9 +45,10 @@ from ._base import CONTAINS_TOL, BoxRegion, Support
 from ._box import Box
 from ._cone import Cone
 from ._ellipsoid import Ellipsoid
+from ._conformal import calibrate_support, conformal_rank, split_for_calibration
 from ._fit import SHAPES, fit_support
-from ._report import supports_report_section
 from ._shell import FinalNormShell, support_from_final_norm
+from ._validity import ContainmentCheck, clopper_pearson_lower, containment_check, min_points_for
 
 __all__ = [
     "Support",
@@ -58,7 +62,22 @@ __all__ = [
     "CONTAINS_TOL",
     "fit_support",
     "support_from_final_norm",
-    "supports_report_section",
+    "calibrate_support",
+    "conformal_rank",
+    "split_for_calibration",
+    "ContainmentCheck",
+    "containment_check",
+    "clopper_pearson_lower",
+    "min_points_for",
     "log_unit_ball_volume",
     "log_cap_fraction",
 ]
+
+
+def __getattr__(name):
+    # The report section moved to embgeom.report (geometry does no I/O); the old name still works.
+    if name == "supports_report_section":
+        from ..report._supports import supports_report_section
+
+        return supports_report_section
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .._special import log_unit_ball_volume
+from .._special import log1p_ratio, log_unit_ball_volume
 from .._validation import check_array, check_positive, check_positive_int, check_probability, check_seed
 from ._base import (
     _CENTERINGS,
@@ -15,10 +15,15 @@ from ._base import (
     check_choice,
     cvxpy_solve,
     import_cvxpy,
+    normalise,
+    refuse_degenerate,
+    row_norms,
     trim,
     unit_ball_samples,
+    unscale,
 )
 from ._volumetric import ball_terms
+from ._base import check_scale_factor
 
 __all__ = ["Ball"]
 
@@ -36,7 +41,9 @@ def meb_fast(X: np.ndarray, tol: float = 1e-10, max_iter: int = 200_000):
     the minimum enclosing ball problem", SIAM J. Optim. 19(3), Algorithm 2; linear convergence.
 
     Returns ``(center, radius, gap, n_iter, weights)``; the radius is the exact maximum distance
-    from the returned centre, so every point is inside.
+    from the returned centre, so every point is inside, and ``gap = radius^2 / phi(a) - 1`` is
+    recomputed from the final weights (a true bound on the relative excess of ``r^2``). ``X``
+    should be normalised (:func:`~embgeom.supports._base.normalise`) and hold two distinct rows.
     """
     n, d = X.shape
     shift = X.mean(axis=0)
@@ -63,6 +70,8 @@ def meb_fast(X: np.ndarray, tol: float = 1e-10, max_iter: int = 200_000):
             phi = 1e-300
         gap = d_up / phi - 1.0
         active = np.flatnonzero(a > 0)
+        if active.size == 0:  # cannot happen for data with two distinct points; kept as a guard
+            break
         j_dn = int(active[np.argmin(dist[active])])
         d_dn = dist[j_dn]
         eps_dn = 1.0 - d_dn / phi
@@ -89,12 +98,18 @@ def meb_fast(X: np.ndarray, tol: float = 1e-10, max_iter: int = 200_000):
             a /= a.sum()
             c = Y.T @ a
             p = Y @ c
-    dist = np.sqrt(np.einsum("ij,ij->i", Y - c, Y - c))
-    radius = float(dist.max())
     center = c + shift
     # exact distances from the returned centre (after the shift back)
-    radius = max(radius, float(np.sqrt(np.einsum("ij,ij->i", X - center, X - center)).max()))
-    return center, radius, float(gap), it, a
+    radius = float(row_norms(X - center).max())
+    # the certificate, recomputed from the final weights: for any a in the simplex,
+    # max_i |y_i - c|^2 >= sum_i a_i |y_i - c|^2 >= sum_i a_i |y_i - Y^T a|^2 = phi(a) for every c,
+    # so phi(a) <= r*^2 <= radius^2 and radius^2 / phi - 1 bounds the relative excess of r^2
+    a = np.clip(a, 0, None)
+    a /= a.sum()
+    ca = Y.T @ a
+    phi = float(a @ np.einsum("ij,ij->i", Y - ca, Y - ca))
+    gap = radius**2 / phi - 1.0 if phi > 0 else float("inf")
+    return center, radius, float(max(gap, 0.0)), it, a
 
 
 def meb_cvxpy(X: np.ndarray):
@@ -107,7 +122,7 @@ def meb_cvxpy(X: np.ndarray):
     prob = cp.Problem(cp.Minimize(r), [cp.norm(Y - c[None, :], 2, axis=1) <= r])
     solver = cvxpy_solve(prob, "Ball")
     center = np.asarray(c.value, dtype=np.float64) + shift
-    radius = float(np.sqrt(np.einsum("ij,ij->i", X - center, X - center)).max())
+    radius = float(row_norms(X - center).max())
     return center, radius, solver
 
 
@@ -160,7 +175,7 @@ class Ball(Support):
     >>> import numpy as np
     >>> H = np.random.default_rng(0).standard_normal((200, 3))
     >>> ball = Ball().fit(H)
-    >>> bool(ball.contains(H).all()), int(ball.predict(10 * np.ones(3))[0])
+    >>> bool(ball.contains(H).all()), int(ball.predict(10 * np.ones((1, 3)))[0])
     (True, -1)
     """
 
@@ -236,34 +251,52 @@ class Ball(Support):
         TypeError
             ``X`` not real floats (float16 refused).
         ValueError
-            NaN/inf, N < 2, unknown ``centering``/``solver``, ``quantile`` outside (0, 1], all
-            points at the centre (zero radius), or a ball built with :meth:`from_params`.
+            NaN/inf, N < 2, unknown ``centering``/``solver``, ``quantile`` outside (0, 1],
+            degenerate data (all kept points coincide, or all are at the origin for
+            ``centering="origin"``: radius 0), a radius beyond the float64 range, or a ball built
+            with :meth:`from_params`. Collinear points and points on a subspace are fine (the
+            ball is full-dimensional).
+
+        Notes
+        -----
+        The fit runs on ``X 2^-k`` (largest entry in ``[0.5, 1)``) and maps back exactly, so
+        ``X`` at scale ``1e-160`` or ``1e160`` gives the fit at scale 1 times the scale.
         """
         H, t0 = self._start_fit(X)
         centering = check_choice(self.centering, "centering", _CENTERINGS)
         solver = check_choice(self.solver, "solver", _SOLVERS)
         q = check_probability(self.quantile, "quantile")
         tol = check_positive(self.tol, "tol")
-        n = H.shape[0]
+        n, d = H.shape
+        Hn, k = normalise(H)  # fit at unit scale, map back exactly (scale-equivariant)
         if centering == "origin":
-            Hk, _ = trim(H, np.linalg.norm(H, axis=1), q)
-            c = np.zeros(H.shape[1])
-            r = float(np.linalg.norm(Hk, axis=1).max())
+            Hk, _ = trim(Hn, row_norms(Hn), q)
+            c = np.zeros(d)
+            r = float(row_norms(Hk).max())
             used, gap, it = "closed_form", 0.0, 0
+            if not r > 0:
+                refuse_degenerate(
+                    "ball", f"all {Hk.shape[0]} points are at the origin, the centre of an "
+                    "origin-centred ball", "its radius would be 0 (volume 0). Use centering='free' "
+                    "or Ball.from_params(None, radius, dim=d)")
         else:
-            med = np.median(H, axis=0)
-            Hk, _ = trim(H, np.linalg.norm(H - med, axis=1), q)
+            med = np.median(Hn, axis=0)
+            Hk, _ = trim(Hn, row_norms(Hn - med), q)
+            if not np.any(Hk != Hk[0]):
+                refuse_degenerate(
+                    "ball", f"all {Hk.shape[0]} points coincide", "the enclosing ball would have "
+                    "radius 0 (volume 0). Pass distinct points, or build a ball with "
+                    "Ball.from_params(center, radius)")
             if solver == "cvxpy":
                 c, r, name = meb_cvxpy(Hk)
                 used, gap, it = f"cvxpy:{name}", float("nan"), 0
             else:
                 c, r, gap, it, _ = meb_fast(Hk, tol=tol)
                 used = "fast"
-        if not r > 0:
-            raise ValueError("X: all points coincide with the centre; the enclosing ball has zero radius")
         rinf = float(np.abs(Hk - c).max())
-        self._set(c, r, rinf=rinf, gap=gap, n_iter=it)
-        self.n_features_in_ = H.shape[1]
+        self._set(unscale(c, k, "centre"), unscale(r, k, "radius"), rinf=unscale(rinf, k, "radius"),
+                  gap=gap, n_iter=it)
+        self.n_features_in_ = d
         self._record_fit(n, Hk.shape[0], q, used, t0)
         return self
 
@@ -280,7 +313,8 @@ class Ball(Support):
         return log_unit_ball_volume(self.dim) + self.dim * math.log(self.radius_)
 
     def _gauge(self, X):
-        return np.linalg.norm(X - self.center_, axis=1) / self.radius_
+        with np.errstate(over="ignore"):
+            return row_norms(X - self.center_) / self.radius_
 
     def sample(self, n: int, seed=None) -> np.ndarray:
         """``n`` points uniform in the ball.
@@ -327,7 +361,7 @@ class Ball(Support):
         self._check_fitted()
         eps = check_positive(eps, "eps")
         d, r = self.dim, check_positive(self.radius_, "support.radius_")
-        out = {"paper": d * math.log1p(2.0 * r / eps)}
+        out = {"paper": d * log1p_ratio(r, eps, 2.0)}
         out.update(ball_terms(d, r, eps))
         return out
 
@@ -353,3 +387,18 @@ class Ball(Support):
     @classmethod
     def _from_fit_options(cls, *, center, quantile, solver, **kw):
         return cls(centering=center, quantile=quantile, solver=solver, **kw)
+
+    def scaled(self, factor) -> "Ball":
+        """The ball with the same centre and ``factor`` times the radius (see
+        :meth:`Support.scaled`); ``rinf_`` is scaled too.
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        out = type(self).from_params(self.center_, s * self.radius_)
+        out.rinf_ = s * self.rinf_
+        return out

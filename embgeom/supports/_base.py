@@ -20,9 +20,11 @@ import numpy as np
 from sklearn.base import BaseEstimator, OutlierMixin
 from sklearn.utils.validation import check_is_fitted
 
+from .._special import row_norms, vector_norm
 from .._validation import check_array, check_positive, check_positive_int
 
-__all__ = ["Support", "BoxRegion", "CONTAINS_TOL"]
+__all__ = ["Support", "BoxRegion", "CONTAINS_TOL", "row_norms", "vector_norm", "refuse_degenerate",
+           "affine_hull", "normalise", "unscale"]
 
 #: Relative slack of :meth:`Support.contains` and of the ``predict`` rule: a point is inside
 #: when ``gauge(x) <= 1 + CONTAINS_TOL`` (a fitted set's farthest point sits on the boundary up
@@ -59,6 +61,100 @@ def unit_ball_samples(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     # U^{1/d} computed as exp(log(U)/d) (exact, and stable for large d)
     r = np.exp(np.log(rng.uniform(size=n)) / d)
     return g * r[:, None]
+
+
+def normalise(H: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(H 2^-k, k)`` with ``k`` chosen so that the largest absolute entry is in ``[0.5, 1)``.
+
+    Every fit here is scale-equivariant (a fit to ``s H`` is ``s`` times the fit to ``H``), so
+    the shapes fit the normalised rows and map the result back with :func:`unscale`. A power of
+    two makes both steps exact: squares and products of the normalised rows can neither
+    overflow (``1e160``) nor underflow (``1e-160``), and ``H`` at scale ``2^j`` gives bit for bit
+    the fit at scale 1, moved by ``2^j``.
+
+    Returns
+    -------
+    Hn : ndarray of float64, shape of ``H``
+    k : int
+        The exponent (0 for an all-zero ``H``).
+    """
+    m = float(np.abs(H).max()) if H.size else 0.0
+    if not m > 0:
+        return H, 0
+    k = int(np.frexp(m)[1])
+    return np.ldexp(H, -k), k
+
+
+def unscale(x, k: int, what: str):
+    """``x 2^k`` (exact), refusing a result beyond the float64 range with an error naming ``X``.
+
+    Raises
+    ------
+    ValueError
+        The fitted quantity ``what`` does not fit in float64 at the data's scale.
+    """
+    with np.errstate(over="ignore"):
+        out = np.ldexp(np.asarray(x, dtype=np.float64), k)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(
+            f"X: the fitted {what} would not fit in float64 (beyond about 1.8e308) at the scale of "
+            "the data; rescale X"
+        )
+    return float(out) if out.ndim == 0 else out
+
+
+def refuse_degenerate(shape: str, detail: str, remedy: str = "") -> None:
+    """Raise the one error every shape gives for degenerate data (one message family).
+
+    The message reads ``"X: degenerate data for the <shape>: <detail>; <remedy>"``: it names the
+    argument (``X``), says what is degenerate (all points coincide, they lie on a line or a
+    proper affine subspace, they have a single direction) and what the caller can do.
+
+    Raises
+    ------
+    ValueError
+        Always.
+    """
+    msg = f"X: degenerate data for the {shape}: {detail}"
+    if remedy:
+        msg += f"; {remedy}"
+    raise ValueError(msg)
+
+
+def affine_hull(H: np.ndarray):
+    """The affine hull of the rows of ``H`` (N, d): ``(mean, rank, U, sv, Vt)``.
+
+    A thin SVD ``H - mean = U diag(sv) Vt`` computed on the centred rows divided by their
+    largest absolute entry, so the rank does not depend on the scale of the data (``1e-160``
+    and ``1e160`` give the rank at ``1``). A direction counts when its singular value exceeds
+    ``16 max(N, d) eps_64`` times the largest (the SVD's rounding) and ``16 sqrt(N d) eps_64
+    max|H|`` (the rounding of the centring itself: rows that agree to the last bits are not a
+    direction). ``rank = 0`` means all rows coincide exactly.
+
+    Returns
+    -------
+    mean : ndarray of float64, shape (d,)
+    rank : int
+    U : ndarray of float64, shape (N, min(N, d))
+        Left singular vectors (orthonormal columns).
+    sv : ndarray of float64, shape (min(N, d),)
+        Singular values of the centred rows, descending, in the data's units.
+    Vt : ndarray of float64, shape (min(N, d), d)
+        Right singular vectors (orthonormal rows), matching ``sv``.
+    """
+    mu = H.mean(axis=0)
+    Hc = H - mu
+    m = float(np.abs(Hc).max()) if Hc.size else 0.0
+    if not m > 0 or not np.any(H != H[0]):  # identical rows (their mean may differ by rounding)
+        kk = min(H.shape)
+        return mu, 0, np.zeros((H.shape[0], kk)), np.zeros(kk), np.eye(H.shape[1])[:kk]
+    U, sv, Vt = np.linalg.svd(Hc / m, full_matrices=False)
+    eps = np.finfo(np.float64).eps
+    # relative to the spread (the SVD's own rounding), and to the rows' magnitude: centring rows
+    # of size |H| leaves errors up to eps |H| in each entry, sqrt(N d) eps |H| in a singular value
+    floor = 16 * eps * math.sqrt(H.size) * float(np.abs(H).max()) / m
+    tol = max(sv[0] * max(Hc.shape) * eps * 16, floor)
+    return mu, int(np.sum(sv > tol)), U, sv * m, Vt
 
 
 def _refuse_sparse(X, name: str):
@@ -129,6 +225,11 @@ def cvxpy_solve(problem, name: str) -> str:
     if problem.status not in ("optimal", "optimal_inaccurate"):
         raise RuntimeError(f"{name}: cvxpy ({solver}) returned status {problem.status!r}")
     return solver
+
+
+def check_scale_factor(factor) -> float:
+    """``factor`` as a float if it is > 0 and finite, else ``ValueError``/``TypeError``."""
+    return check_positive(factor, "factor")
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,3 +554,32 @@ class Support(OutlierMixin, BaseEstimator):
                 f"center='origin' is only for the ball (and the cone, always at the origin), not {cls.shape!r}"
             )
         return cls(quantile=quantile, solver=solver, **kw)
+
+    # -- conformal calibration ----------------------------------------------------------------
+    def scaled(self, factor) -> "Support":
+        """The sublevel set ``{x : gauge(x) <= factor}`` as a new ready support.
+
+        For a ball, an ellipsoid, a box and the final-norm shell this is the homothety of ratio
+        ``factor`` about the centre; for a cone both the radius and the half-angle are multiplied
+        by ``factor`` (the half-angle capped at pi). Either way ``self.scaled(s).contains(X)``
+        is ``self.gauge(X) <= s`` (up to the relative slack), which is what split-conformal
+        calibration (:func:`embgeom.supports.calibrate_support`) needs; the gauges themselves
+        satisfy ``self.scaled(s).gauge(X) == self.gauge(X) / s`` except for a cone whose
+        half-angle was capped.
+
+        Parameters
+        ----------
+        factor : float
+            > 0 and finite.
+
+        Returns
+        -------
+        Support
+            A set built with ``from_params`` (``fit`` on it raises ``ValueError``).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0``, NaN/inf or not a number; ``NotFittedError`` before a fit.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot be scaled")

@@ -7,10 +7,11 @@ import math
 import numpy as np
 from scipy import special
 
-from .._special import _log_kappa, log_binomial_row, log_elementary_symmetric
+from .._special import _log_kappa, log1p_ratio, log_binomial_row, log_elementary_symmetric
 from .._validation import check_array, check_positive, check_probability, check_seed
-from ._base import BoxRegion, Support, trim
+from ._base import BoxRegion, Support, normalise, refuse_degenerate, trim, unscale, vector_norm
 from ._volumetric import circumball_terms
+from ._base import check_scale_factor
 
 __all__ = ["Box"]
 
@@ -26,27 +27,30 @@ def box_terms(extents: np.ndarray, rotation, eps: float) -> dict:
     """Rigorous bounds (nats) for a box with side lengths ``extents`` and rows ``rotation``."""
     d = extents.shape[0]
     out = {}
+    # every ratio a / eps is taken in logs: 1e30 / 1e-300 overflows
+    log_a = np.log(extents)
+    log_eps = math.log(eps)
     if rotation is None:
-        out["vinf_box"] = float(np.sum(np.log1p(extents / eps)))
+        out["vinf_box"] = float(np.sum(log1p_ratio(extents, eps)))
         return out
     R = np.asarray(rotation, dtype=np.float64)
     # Vinf: the model-axis cube Q(eps) seen in the box's frame fits in a box of half-sides
     # eps/2 ||R_i||_1, so S + Q(eps) fits in the box with sides a_i + eps ||R_i||_1
-    out["vinf_box_rotated"] = float(np.sum(np.log(extents / eps + np.abs(R).sum(axis=1))))
+    out["vinf_box_rotated"] = float(np.sum(np.logaddexp(log_a - log_eps, np.log(np.abs(R).sum(axis=1)))))
     # V2: Steiner formula, vol(box + B(rho)) = sum_j e_j(a) kappa_{d-j} rho^{d-j}
     j = np.arange(d + 1)
-    rho = 0.5 * eps
-    log_e = log_elementary_symmetric(np.log(extents / rho))
+    log_rho = log_eps - math.log(2.0)
+    log_e = log_elementary_symmetric(log_a - log_rho)
     out["v2_box_steiner"] = float(special.logsumexp(log_e + _log_kappa(d - j)) - _log_kappa(d))
-    rho_p = 0.5 * math.sqrt(d) * eps
-    log_e2 = log_elementary_symmetric(np.log(extents / eps))
+    log_rho_p_eps = math.log(0.5 * math.sqrt(d))  # rho' / eps, rho' = sqrt(d) eps / 2
+    log_e2 = log_elementary_symmetric(log_a - log_eps)
     # Vinf exact as a zonotope: box + Q(eps) has generators a_i R_i and eps e_j; its volume is
     # sum over d-subsets of |det|, i.e. sum_k sum_{|A|=k,|I|=k} prod_A (a_i/eps) |det R_{A,I}|
     # (times eps^d); Cauchy-Schwarz and Cauchy-Binet (sum_I det^2 R_{A,I} = 1, orthonormal rows)
     # bound the inner sum by sqrt(C(d,k))
     out["vinf_box_zonotope"] = float(special.logsumexp(log_e2 + 0.5 * log_binomial_row(d)))
     out["vinf_box_steiner"] = float(special.logsumexp(
-        log_e2 + _log_kappa(d - j) + (d - j) * math.log(rho_p / eps)))
+        log_e2 + _log_kappa(d - j) + (d - j) * log_rho_p_eps))
     return out
 
 
@@ -84,7 +88,7 @@ class Box(Support):
     -----
     ``log_volume = sum_k log(upper_k - lower_k)`` (nats); a rotation preserves volume. The
     paper's box refinement ``log P <= sum_k log(1 + a_k / eps)`` uses the extents
-    ``a_k = upper_k - lower_k`` (THEORY.md).
+    ``a_k = upper_k - lower_k`` (docs/theory.md, section 4.2).
 
     Examples
     --------
@@ -128,6 +132,10 @@ class Box(Support):
         if not np.all(hi > lo):
             bad = np.flatnonzero(~(hi > lo))
             raise ValueError(f"upper must exceed lower in every coordinate; fails at {bad[:10].tolist()}")
+        with np.errstate(over="ignore"):
+            too_wide = not np.all(np.isfinite(hi - lo))
+        if too_wide:
+            raise ValueError("upper - lower: the side lengths exceed the float64 range (about 1.8e308)")
         R = None
         if rotation is not None:
             if isinstance(rotation, str):
@@ -165,12 +173,21 @@ class Box(Support):
         TypeError
             ``X`` not real floats (float16 refused).
         ValueError
-            NaN/inf, N < 2, bad ``quantile``/``rotation``, a side of zero width without
-            ``min_width``, or a box built with :meth:`from_params`.
+            NaN/inf, N < 2, bad ``quantile``/``rotation``, degenerate data (all points
+            coincide, or they lie in a proper affine subspace so that a side has zero width)
+            without ``min_width``, a ``min_width`` below the rounding of the coordinates, or a
+            box built with :meth:`from_params`. Collinear points off the coordinate axes give
+            an axis-aligned box of positive volume (a correct answer).
+
+        Notes
+        -----
+        The fit runs on ``X 2^-k`` (largest entry in ``[0.5, 1)``) and maps the bounds back
+        exactly: ``X`` at scale ``1e-160`` or ``1e160`` gives the box at scale 1 times the scale.
         """
         H, t0 = self._start_fit(X)
         q = check_probability(self.quantile, "quantile")
         d = H.shape[1]
+        H, k = normalise(H)  # fit at unit scale; the bounds are mapped back exactly
         R = None
         if isinstance(self.rotation, str):
             if self.rotation != "pca":
@@ -192,19 +209,34 @@ class Box(Support):
         Yk, _ = trim(Y, (np.abs(Y - med) / mad).max(axis=1), q)
         lo, hi = Yk.min(axis=0), Yk.max(axis=0)
         widened = []
-        # widths at rounding level (e.g. a PCA axis off the data's affine hull) count as zero
-        floor = 64 * np.finfo(np.float64).eps * float(np.abs(Yk).max())
+        # axis-aligned: min and max are exact, a zero width is exactly zero. Rotated: widths at
+        # the rounding level of the product H R^T (e.g. a PCA axis off the data's affine hull)
+        # count as zero.
+        floor = 0.0 if R is None else 64 * np.finfo(np.float64).eps * float(np.abs(Yk).max())
         zero = np.flatnonzero(~(hi - lo > floor))
+        lo, hi = unscale(lo, k, "lower bounds"), unscale(hi, k, "upper bounds")
         if zero.size:
             if self.min_width is None:
-                raise ValueError(
-                    f"X: the box has zero width along {zero.size} axis/axes (first {zero[:10].tolist()}); "
-                    "its volume is 0. Pass min_width=w to widen those sides to w explicitly"
-                )
+                what = (f"all {Yk.shape[0]} points coincide" if not np.any(Yk != Yk[0]) else
+                        f"the box has zero width along {zero.size} axis/axes (first "
+                        f"{zero[:10].tolist()}): the points lie in a proper affine subspace")
+                refuse_degenerate(
+                    "box", what, "its volume would be 0. Pass min_width=w to widen those sides to "
+                    "w explicitly")
             w = check_positive(self.min_width, "min_width")
-            mid = 0.5 * (lo[zero] + hi[zero])
+            mid = 0.5 * lo[zero] + 0.5 * hi[zero]
             lo[zero], hi[zero] = mid - 0.5 * w, mid + 0.5 * w
+            if not np.all(hi[zero] > lo[zero]) or not np.all(np.isfinite(hi[zero] - lo[zero])):
+                raise ValueError(
+                    f"min_width: {w:g} is below the rounding of the coordinates ({float(np.abs(mid).max()):.3g}) "
+                    "along the flat axes (or beyond the float64 range): mid +- w/2 gives no width; "
+                    "pass a larger min_width"
+                )
             widened = zero.tolist()
+        with np.errstate(over="ignore"):
+            too_wide = not np.all(np.isfinite(hi - lo))
+        if too_wide:
+            raise ValueError("X: the box's side lengths exceed the float64 range; rescale X")
         self._set(lo, hi, R, widened)
         self.n_features_in_ = d
         self._record_fit(H.shape[0], Yk.shape[0], q, "closed_form", t0)
@@ -224,9 +256,10 @@ class Box(Support):
 
     def _gauge(self, X):
         Y = self._coords(X)
-        mid = 0.5 * (self.lower_ + self.upper_)
-        half = 0.5 * (self.upper_ - self.lower_)
-        return (np.abs(Y - mid) / half).max(axis=1)
+        mid = 0.5 * self.lower_ + 0.5 * self.upper_  # no overflow near the float64 limit
+        half = 0.5 * self.upper_ - 0.5 * self.lower_
+        with np.errstate(over="ignore"):
+            return (np.abs(Y - mid) / half).max(axis=1)
 
     def sample(self, n: int, seed=None) -> np.ndarray:
         """``n`` points uniform in the box.
@@ -262,7 +295,7 @@ class Box(Support):
         Returns
         -------
         dict
-            ``paper = sum_k log(1 + a_k/eps)`` (THEORY.md; rigorous, equal to ``vinf_box``, for an
+            ``paper = sum_k log(1 + a_k/eps)`` (docs/theory.md 4.2; rigorous, equal to ``vinf_box``, for an
             axis-aligned box). A rotated box adds ``vinf_box_rotated``
             ``sum_k log(a_k/eps + ||R_k||_1)``, ``v2_box_steiner`` and ``vinf_box_steiner``
             (Steiner formula), ``vinf_box_zonotope`` (Cauchy-Binet) and the circumscribed ball's
@@ -276,11 +309,11 @@ class Box(Support):
         self._check_fitted()
         eps = check_positive(eps, "eps")
         a = self.upper_ - self.lower_
-        out = {"paper": float(np.sum(np.log1p(a / eps)))}
+        out = {"paper": float(np.sum(log1p_ratio(a, eps)))}
         out.update(box_terms(a, self.rotation_, eps))
         if self.rotation_ is not None:
             # the box lies in the ball of radius |a|/2 around its centre
-            out.update(circumball_terms(a.size, 0.5 * float(np.linalg.norm(a)), eps, "_circumball"))
+            out.update(circumball_terms(a.size, 0.5 * vector_norm(a), eps, "_circumball"))
         return out
 
     def lp_region(self) -> BoxRegion:
@@ -301,3 +334,18 @@ class Box(Support):
         if center == "origin":
             raise ValueError("center='origin' is only for the ball (and the cone, always at the origin), not 'box'")
         return cls(quantile=quantile, **kw)
+
+    def scaled(self, factor) -> "Box":
+        """The box with the same centre, rotation and axes, every side times ``factor`` (see
+        :meth:`Support.scaled`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        mid = 0.5 * (self.lower_ + self.upper_)
+        half = 0.5 * (self.upper_ - self.lower_)
+        return type(self).from_params(mid - s * half, mid + s * half, self.rotation_)

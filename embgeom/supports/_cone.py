@@ -8,71 +8,100 @@ import warnings
 import numpy as np
 from scipy import special
 
-from .._special import _log_kappa, log1mexp, log_cap_fraction, log_unit_ball_volume
+from .._special import _log_kappa, log1mexp, log1p_ratio, log_cap_fraction, log_unit_ball_volume
 from .._validation import check_array, check_positive, check_probability, check_seed
 from ._ball import meb_fast
-from ._base import _SOLVERS, Support, check_choice, cvxpy_solve, import_cvxpy, trim
+from ._base import (
+    _SOLVERS,
+    Support,
+    check_choice,
+    cvxpy_solve,
+    import_cvxpy,
+    normalise,
+    refuse_degenerate,
+    row_norms,
+    trim,
+    unscale,
+    vector_norm,
+)
 from ._volumetric import circumball_terms
+from ._base import check_scale_factor
 
 __all__ = ["Cone"]
 
 
-def _cone_convex_log_volume(d: int, r: float, alpha: float, rho: float) -> float:
-    """Upper bound on ``log vol(K + B(rho))`` for ``K = cone(alpha) cap B(r)``, ``alpha <= pi/2``.
+def _cone_convex_log_volume(d: int, lr: float, alpha: float) -> float:
+    """Upper bound on ``log vol(K + B(rho)) - d log rho`` for ``K = cone(alpha) cap B(r)``,
+    ``alpha <= pi/2``, with ``lr = log(r / rho)`` (everything in units of ``rho``, in logs, so
+    that ``r = 1e30``, ``rho = 1e-300`` is finite).
 
     ``cone + B(rho)`` lies in the same cone with its apex moved back by ``delta = rho/sin alpha``
     (a convex cone contains ``x + B(delta a, delta sin alpha)`` for every ``x`` in it), and every
     point is within ``r + rho`` of the origin, hence within ``r + rho + delta`` of the new apex:
     ``vol <= kappa_d (r + rho + delta)^d frac(alpha)``.
     """
-    delta = rho / math.sin(alpha)
-    return float(_log_kappa(d)) + d * math.log(r + rho + delta) + float(log_cap_fraction(alpha, d))
+    log_reach = float(special.logsumexp([lr, 0.0, -math.log(math.sin(alpha))]))  # log((r+rho+delta)/rho)
+    return float(_log_kappa(d)) + d * log_reach + float(log_cap_fraction(alpha, d))
 
 
-def _cone_reflex_log_volume(d: int, r: float, alpha: float, rho: float) -> float:
-    """Upper bound on ``log vol(K + B(rho))`` for ``alpha >= pi/2``.
+def _cone_reflex_log_volume(d: int, lr: float, alpha: float) -> float:
+    """Upper bound on ``log vol(K + B(rho)) - d log rho`` for ``alpha >= pi/2`` (``lr`` as in
+    :func:`_cone_convex_log_volume`).
 
     ``K`` misses the open convex cone of half-angle ``beta = pi - alpha`` around ``-axis``; the
     points of that cone moved ``delta = rho / sin beta`` further along ``-axis`` are at distance
     ``>= rho`` from ``K``, and that moved cone holds a sector of radius ``r + rho - delta`` inside
     ``B(r + rho)``: ``vol <= kappa_d (r+rho)^d [1 - frac(beta) ((r+rho-delta)/(r+rho))^d]``.
     """
-    base = float(_log_kappa(d)) + d * math.log(r + rho)
+    log_outer = float(np.logaddexp(lr, 0.0))  # log((r + rho) / rho)
+    base = float(_log_kappa(d)) + d * log_outer
     beta = math.pi - alpha
     if beta <= 0.0:
         return base
-    delta = rho / math.sin(beta)
-    if delta >= r + rho:
+    log_frac = -math.log(math.sin(beta)) - log_outer  # log(delta / (r + rho))
+    if log_frac >= 0.0:
         return base
-    cut = float(log_cap_fraction(beta, d)) + d * math.log1p(-delta / (r + rho))
+    cut = float(log_cap_fraction(beta, d)) + d * float(log1mexp(log_frac))
     return base + log1mexp(cut)
 
 
 def cone_terms(d: int, r: float, alpha: float, eps: float) -> dict:
-    """Rigorous V2 and Vinf bounds (nats) for the cone of half-angle ``alpha`` in ``B(r)``."""
+    """Rigorous V2 and Vinf bounds (nats) for the cone of half-angle ``alpha`` in ``B(r)``.
+
+    Computed in units of ``rho`` and in logs (``r / eps`` is never formed): V2 uses
+    ``rho = eps/2`` and divides by ``vol B(rho)``; Vinf uses ``rho' = sqrt(d) eps / 2`` (the
+    cube ``Q(eps)`` lies in ``B(rho')``) and divides by ``eps^d``.
+    """
     from scipy import optimize
 
     out = {}
-    pairs = {"v2": (0.5 * eps, float(_log_kappa(d)) + d * math.log(0.5 * eps)),
-             "vinf": (0.5 * math.sqrt(d) * eps, d * math.log(eps))}
-    for name, (rho, log_den) in pairs.items():
+    log_r, log_eps = math.log(r), math.log(eps)
+    # (log rho, log of the denominator relative to rho^d)
+    pairs = {"v2": (log_eps - math.log(2.0), float(_log_kappa(d))),
+             "vinf": (log_eps + math.log(0.5 * math.sqrt(d)), -d * math.log(0.5 * math.sqrt(d)))}
+    for name, (log_rho, log_den) in pairs.items():
+        lr = log_r - log_rho
         vals = []
         if alpha <= 0.5 * math.pi:
             # any cone containing K gives a valid bound: minimise over alpha' in [alpha, pi/2]
-            f = lambda al: _cone_convex_log_volume(d, r, al, rho)  # noqa: E731
+            f = lambda al: _cone_convex_log_volume(d, lr, al)  # noqa: E731
             vals.append(f(alpha))
             res = optimize.minimize_scalar(f, bounds=(alpha, 0.5 * math.pi), method="bounded")
             vals.append(min(float(res.fun), f(0.5 * math.pi)))
         if alpha >= 0.5 * math.pi:
-            vals.append(_cone_reflex_log_volume(d, r, alpha, rho))
+            vals.append(_cone_reflex_log_volume(d, lr, alpha))
         out[f"{name}_cone"] = min(vals) - log_den
     return out
+
+
+#: Angles (radians) at or below this are rounding: directions this close coincide (64 ulps).
+_ANGLE_RESOLUTION = 64 * np.finfo(np.float64).eps
 
 
 def _angles(X: np.ndarray, axis: np.ndarray) -> np.ndarray:
     """Angles (radians) between rows of ``X`` and the unit ``axis``, accurate at small angles."""
     along = X @ axis
-    perp = np.linalg.norm(X - np.outer(along, axis), axis=1)
+    perp = row_norms(X - np.outer(along, axis))
     return np.arctan2(perp, along)
 
 
@@ -172,7 +201,7 @@ class Cone(Support):
             A zero axis, a half-angle outside ``(0, pi]``, ``radius <= 0``, NaN/inf.
         """
         ax = check_array(axis, "axis", ndim=1)
-        nrm = float(np.linalg.norm(ax))
+        nrm = vector_norm(ax)
         if not nrm > 0:
             raise ValueError("axis: expected a non-zero vector")
         al = check_positive(half_angle, "half_angle")
@@ -210,13 +239,20 @@ class Cone(Support):
         TypeError
             ``X`` not real floats (float16 refused).
         ValueError
-            NaN/inf, N < 2, d < 2, zero vectors (no direction), bad options, or a cone built
-            with :meth:`from_params`.
+            NaN/inf, N < 2, d < 2, bad options, a cone built with :meth:`from_params`, or
+            degenerate data: every point at the origin, or all directions the same (points on
+            one ray: half-angle 0, volume 0). Zero vectors among other points are fine: the
+            origin is the apex, inside every cone (they are counted in ``n_fit_``).
 
         Warns
         -----
         RuntimeWarning
             The directions are in no open hemisphere (see ``optimal_``).
+
+        Notes
+        -----
+        Directions do not depend on the scale of ``X``; the radius is computed on ``X 2^-k``
+        and mapped back exactly, so ``1e-160`` and ``1e160`` data give the fit at scale 1.
         """
         H, t0 = self._start_fit(X)
         solver = check_choice(self.solver, "solver", _SOLVERS)
@@ -225,23 +261,29 @@ class Cone(Support):
         n, d = H.shape
         if d < 2:
             raise ValueError(f"X: a cone needs d >= 2 columns, got {d} feature(s)")
-        norms = np.linalg.norm(H, axis=1)
-        zero = np.flatnonzero(~(norms > 0))
-        if zero.size:
-            raise ValueError(
-                f"X: {zero.size} zero vector(s) (first at row {int(zero[0])}); a zero vector has no "
-                "direction, so no cone can be fitted to it"
-            )
-        U = H / norms[:, None]
+        Hn, k = normalise(H)  # directions are scale-free; the radius is mapped back exactly
+        norms = row_norms(Hn)
+        nonzero = norms > 0
+        if not nonzero.any():
+            refuse_degenerate("cone", f"all {n} points are at the origin (the apex): they have no "
+                              "direction", "no cone of positive volume is determined by them")
+        # a zero vector is the apex, inside every cone: it constrains nothing but the count
+        U = Hn[nonzero] / norms[nonzero, None]
+        normk = norms[nonzero]
         if q < 1.0:
             mean_dir = U.mean(axis=0)
-            mn = np.linalg.norm(mean_dir)
+            mn = vector_norm(mean_dir)
             ref = mean_dir / mn if mn > 0 else U[0]
-            keep_src = np.concatenate([U, norms[:, None]], axis=1)
+            keep_src = np.concatenate([U, normk[:, None]], axis=1)
             kept, _ = trim(keep_src, -(U @ ref), q)
             U, normk = kept[:, :d], kept[:, d]
-        else:
-            normk = norms
+        radius = unscale(float(normk.max()), k, "radius")
+        spread = float(_angles(U, U[0]).max())
+        if not spread > _ANGLE_RESOLUTION:
+            refuse_degenerate(
+                "cone", f"all {U.shape[0]} directions coincide (the points lie on one ray from the "
+                f"origin, angles <= {spread:.2g} rad)", "the smallest cone has half-angle 0 "
+                "(volume 0); fit a ball or a box, or build a cone with Cone.from_params")
         gap = 0.0
         if solver == "cvxpy":
             cp = import_cvxpy()
@@ -255,8 +297,8 @@ class Cone(Support):
             cand, _, gap, _, _ = meb_fast(U, tol=tol)
             used = "fast"
         candidates = []
-        if np.linalg.norm(cand) > 0:
-            candidates.append(cand / np.linalg.norm(cand))
+        if vector_norm(cand) > 0:
+            candidates.append(cand / vector_norm(cand))
         best_axis, best_angle = None, np.inf
         for ax in candidates:
             ang = float(_angles(U, ax).max())
@@ -265,7 +307,7 @@ class Cone(Support):
         optimal = best_angle <= 0.5 * math.pi
         if not optimal:
             for ref in (U.mean(axis=0), np.median(U, axis=0)):
-                nr = np.linalg.norm(ref)
+                nr = vector_norm(ref)
                 if nr > 0:
                     ang = float(_angles(U, ref / nr).max())
                     if ang < best_angle:
@@ -281,9 +323,10 @@ class Cone(Support):
             )
         half = min(max(best_angle, 1e-300), math.pi)
         paper = 0.5 * math.acos(_min_pairwise_cosine(U))
-        self._set(best_axis, half, float(normk.max()), paper=paper, optimal=optimal, gap=gap)
+        self._set(best_axis, half, radius, paper=paper,
+                  optimal=optimal, gap=gap)
         self.n_features_in_ = d
-        self._record_fit(n, U.shape[0], q, used, t0)
+        self._record_fit(n, U.shape[0] + int(n - nonzero.sum()), q, used, t0)
         return self
 
     @property
@@ -303,7 +346,7 @@ class Cone(Support):
                 + log_cap_fraction(self.paper_half_angle_, self.dim))
 
     def _gauge(self, X):
-        nrm = np.linalg.norm(X, axis=1)
+        nrm = row_norms(X)
         ang = np.where(nrm > 0, _angles(X, self.axis_), 0.0)
         return np.maximum(nrm / self.radius_, ang / self.half_angle_)
 
@@ -394,7 +437,7 @@ class Cone(Support):
         d, r = self.dim, check_positive(self.radius_, "support.radius_")
         alpha = min(float(self.half_angle_), math.pi)
         lf = float(log_cap_fraction(alpha, d))
-        out = {"paper": d * math.log1p(2.0 * r / eps) + lf}
+        out = {"paper": d * log1p_ratio(r, eps, 2.0) + lf}
         out.update(cone_terms(d, r, alpha, eps))
         out.update(circumball_terms(d, r, eps, "_ball"))
         return out
@@ -403,3 +446,17 @@ class Cone(Support):
     def _from_fit_options(cls, *, center, quantile, solver, **kw):
         # the apex is always the origin: either centering is accepted
         return cls(quantile=quantile, solver=solver, **kw)
+
+    def scaled(self, factor) -> "Cone":
+        """The cone ``{x : |x| <= factor r, angle(x, axis) <= min(pi, factor alpha)}`` (see
+        :meth:`Support.scaled`: the sublevel set of the gauge ``max(|x|/r, angle/alpha)``).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        return type(self).from_params(self.axis_, min(math.pi, s * self.half_angle_),
+                                      s * self.radius_)

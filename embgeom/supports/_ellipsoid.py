@@ -8,11 +8,22 @@ import warnings
 
 import numpy as np
 
-from .._special import log_unit_ball_volume
+from .._special import log1p_ratio, log_unit_ball_volume
 from .._validation import check_array, check_positive, check_positive_int, check_probability, check_seed
-from ._base import _SOLVERS, Support, check_choice, trim, unit_ball_samples
-from ._mvee import mvee_cvxpy, mvee_fast
+from ._base import (
+    _SOLVERS,
+    Support,
+    affine_hull,
+    check_choice,
+    normalise,
+    refuse_degenerate,
+    trim,
+    unit_ball_samples,
+    unscale,
+)
+from ._mvee import mvee
 from ._volumetric import circumball_terms, ellipsoid_terms, is_axis_aligned
+from ._base import check_scale_factor
 
 __all__ = ["Ellipsoid"]
 
@@ -48,17 +59,29 @@ class Ellipsoid(Support):
     Attributes
     ----------
     center_ : ndarray of float64, shape (d,)
-    shape_matrix_ : ndarray of float64, shape (d, d)
     semi_axes_ : ndarray of float64, shape (d,)
         Descending; ``1 / sqrt`` of the eigenvalues of ``A``.
     axes_ : ndarray of float64, shape (d, d)
-        Rows are the principal axes, matching ``semi_axes_``.
+        Rows are the principal axes, matching ``semi_axes_``. ``center_``, ``axes_`` and
+        ``semi_axes_`` are the ellipsoid (what ``log_volume``, ``gauge``, ``sample`` and the
+        bounds use).
+    shape_matrix_ : ndarray of float64, shape (d, d)
+        ``A = axes_^T diag(semi_axes_^-2) axes_``, derived from them; at extreme scales or axis
+        ratios its entries under- or overflow (``A ~ 1e-320`` for an ellipsoid of size ``1e160``),
+        which does not affect the fit.
     eps_ : float
         Final relative optimality gap of the fast solver (NaN for cvxpy, 0 for a given one).
     gap_nats_ : float
-        ``(d + 1)/2 log(1 + eps_)``: the bound on the excess log-volume over the MVEE that the
-        ``eps``-optimality certificate gives (Todd & Yildirim 2007; Kumar & Yildirim 2005).
+        Certified bound on the excess log-volume over the MVEE (nats):
+        ``log_volume - L`` where ``L`` is the dual lower bound
+        ``log kappa_r + r/2 log r + 1/2 log det Sigma(u)`` on every enclosing ellipsoid, from
+        the solver's final weights ``u`` (Todd 2016, Ch. 2; see :mod:`embgeom.supports._mvee`).
+        A true bound, recomputed after the final containment step; for cvxpy it uses the dual
+        values of the constraints (NaN if the solver gives none); 0 for a given ellipsoid.
+        With ``ridge`` it is measured in the affine hull (the ridge axes are given, not fitted).
     ridge_ : float or None
+        The semi-axis given to the directions off the affine hull; ``None`` when the points
+        are full rank (``ridge`` then unused).
     affine_rank_ : int
         Dimension of the affine hull of the fitted points (``d`` when full).
     n_iter_ : int
@@ -69,9 +92,13 @@ class Ellipsoid(Support):
     -----
     ``log_volume = log vol(B_d) + sum_i log s_i = log vol(B_d) - 1/2 log det A`` (nats).
 
-    The fast solver (:func:`embgeom.supports._mvee.mvee_fast`) ends at a tolerance, after which
-    ``A`` is scaled so that the farthest point lies exactly on the boundary: every point is
-    contained. Each step costs one rank-one update of ``M^{-1}`` (``d^2``) and of the Mahalanobis
+    Both solvers run on the whitened points (:func:`embgeom.supports._mvee.mvee`: the thin SVD
+    of the centred data, which the MVEE's affine equivariance allows), so neither the scale, the
+    rotation nor the axis ratio of the data changes the number of steps or the accuracy; the
+    result is mapped back as axes and semi-axes. The fast solver
+    (:func:`embgeom.supports._mvee.todd_yildirim`) ends at a tolerance, after which the
+    ellipsoid is scaled so that the farthest point lies exactly on the boundary: every point is
+    contained, and ``gap_nats_`` certifies how far above the minimum it can be. Each step costs one rank-one update of ``M^{-1}`` (``d^2``) and of the Mahalanobis
     norms of the candidates (``N`` each); the product ``Q M^{-1} q_B`` for a batch of candidates
     is one GEMM. Its convergence is linear but slows down when many points are in the optimal
     support (i.i.d. Gaussian data in high d: most of them); ``N >> d^2`` is where the support is
@@ -105,14 +132,23 @@ class Ellipsoid(Support):
         self.progress = progress
 
     @classmethod
-    def from_params(cls, center, shape_matrix) -> "Ellipsoid":
+    def from_params(cls, center, shape_matrix=None, *, semi_axes=None, axes=None) -> "Ellipsoid":
         """A ready ellipsoid ``{x : (x - center)^T A (x - center) <= 1}`` (no data).
+
+        Give either the shape matrix ``A`` or the semi-axes (and axes): ``A`` cannot hold an
+        ellipsoid of size ``1e160`` (its entries would be ``1e-320``) or one with an axis ratio
+        of ``1e10`` (its eigenvalues span ``1e20``), the semi-axes can.
 
         Parameters
         ----------
         center : array_like of float, shape (d,)
-        shape_matrix : array_like of float, shape (d, d)
+        shape_matrix : array_like of float, shape (d, d), optional
             Symmetric positive definite ``A``.
+        semi_axes : array_like of float, shape (d,), optional
+            Positive semi-axis lengths (instead of ``shape_matrix``).
+        axes : array_like of float, shape (d, d), optional
+            Orthonormal rows, the axis of each semi-axis; default the coordinate axes. Only
+            with ``semi_axes``.
 
         Returns
         -------
@@ -122,16 +158,37 @@ class Ellipsoid(Support):
         Raises
         ------
         ValueError, TypeError
-            ``shape_matrix`` not symmetric positive definite, shapes that do not match, NaN/inf.
+            ``shape_matrix`` not symmetric positive definite, non-positive ``semi_axes``, ``axes``
+            not orthonormal, both or neither of ``shape_matrix`` and ``semi_axes``, shapes that
+            do not match, NaN/inf.
         """
         c = check_array(center, "center", ndim=1)
-        A = check_array(shape_matrix, "shape_matrix", ndim=2, shape=(c.shape[0], c.shape[0]))
+        d = c.shape[0]
         ell = cls()
-        ell._set(c, A, eps=0.0, n_iter=0, ridge=None, rank=c.shape[0])
-        ell._record_given(c.shape[0])
+        if (shape_matrix is None) == (semi_axes is None):
+            raise ValueError("Ellipsoid.from_params: give exactly one of shape_matrix and semi_axes")
+        if shape_matrix is not None:
+            if axes is not None:
+                raise ValueError("axes: only with semi_axes (shape_matrix already holds the axes)")
+            A = check_array(shape_matrix, "shape_matrix", ndim=2, shape=(d, d))
+            ell._set(c, A, eps=0.0, n_iter=0, ridge=None, rank=d)
+        else:
+            s = check_array(semi_axes, "semi_axes", ndim=1, shape=(d,))
+            if not np.all(s > 0):
+                raise ValueError(f"semi_axes: expected positive lengths, got min {float(s.min())}")
+            if axes is None:
+                R = np.eye(d)
+            else:
+                R = check_array(axes, "axes", ndim=2, shape=(d, d))
+                if not np.allclose(R @ R.T, np.eye(d), atol=1e-8):
+                    raise ValueError("axes: rows must be orthonormal (R R^T = I)")
+            order = np.argsort(s, kind="stable")[::-1]
+            ell._set_axes(c, R[order], s[order], eps=0.0, gap_nats=0.0, n_iter=0, ridge=None, rank=d)
+        ell._record_given(d)
         return ell
 
     def _set(self, center, A, *, eps, n_iter, ridge, rank):
+        """Set the ellipsoid from a shape matrix (``from_params``)."""
         A = np.asarray(A, dtype=np.float64)
         if not np.allclose(A, A.T, rtol=1e-10, atol=1e-12 * np.abs(A).max()):
             raise ValueError("shape_matrix: expected a symmetric matrix")
@@ -141,14 +198,17 @@ class Ellipsoid(Support):
             raise ValueError(
                 f"shape_matrix: expected positive definite, smallest eigenvalue is {w[0]:.3g}"
             )
-        self.center_ = np.asarray(center, dtype=np.float64)
-        self.shape_matrix_ = A
         # eigenvalues ascending -> semi-axes descending
-        self.semi_axes_ = 1.0 / np.sqrt(w)
-        self.axes_ = np.ascontiguousarray(V.T)
+        self._set_axes(center, V.T, 1.0 / np.sqrt(w), eps=eps, gap_nats=0.0, n_iter=n_iter,
+                       ridge=ridge, rank=rank)
+
+    def _set_axes(self, center, axes, semi_axes, *, eps, gap_nats, n_iter, ridge, rank):
+        """Set the ellipsoid from its centre, axes (rows) and semi-axes (descending)."""
+        self.center_ = np.asarray(center, dtype=np.float64)
+        self.axes_ = np.ascontiguousarray(axes, dtype=np.float64)
+        self.semi_axes_ = np.asarray(semi_axes, dtype=np.float64)
         self.eps_ = float(eps)
-        d = self.center_.shape[0]
-        self.gap_nats_ = 0.5 * (d + 1) * math.log1p(eps) if np.isfinite(eps) else float("nan")
+        self.gap_nats_ = float(gap_nats)
         self.n_iter_ = int(n_iter)
         self.ridge_ = ridge
         self.affine_rank_ = int(rank)
@@ -171,13 +231,24 @@ class Ellipsoid(Support):
         TypeError
             ``X`` not real floats (float16 refused).
         ValueError
-            NaN/inf, N < 2, bad options, rank-deficient points (``N <= d`` or in a proper
-            affine subspace) without ``ridge``, or an ellipsoid built with :meth:`from_params`.
+            NaN/inf, N < 2, bad options, an ellipsoid built with :meth:`from_params`, a result
+            beyond the float64 range, or degenerate data without ``ridge``: all points
+            coincide, or they are collinear / lie in a proper affine subspace (``N <= d``
+            included). With ``ridge = t`` such data get the MVEE in their affine hull plus
+            semi-axes ``t`` off it (a single point: the ball of radius ``t``).
 
         Warns
         -----
         RuntimeWarning
             The fast solver stopped at ``max_iter`` above ``tol``.
+
+        Notes
+        -----
+        The MVEE is affine-equivariant, so the solvers work on the whitened points (the thin
+        SVD of the centred, power-of-two-normalised ``X``; :func:`embgeom.supports._mvee.mvee`)
+        and the result is mapped back exactly: the number of steps and the certified gap do
+        not depend on the scale, the rotation or the axis ratio of the data (up to what the
+        float64 data itself resolves: an axis ratio beyond about ``1e13`` is rank deficiency).
         """
         H, t0 = self._start_fit(X)
         solver = check_choice(self.solver, "solver", _SOLVERS)
@@ -186,68 +257,99 @@ class Ellipsoid(Support):
         max_iter = check_positive_int(self.max_iter, "max_iter")
         ridge = None if self.ridge is None else check_positive(self.ridge, "ridge")
         n, d = H.shape
-        mu = H.mean(axis=0)
-        Hc = H - mu
-        if q < 1.0:
-            cov = Hc.T @ Hc / max(n - 1, 1)
-            P = np.linalg.pinv(cov, hermitian=True)
-            Hk, _ = trim(H, np.einsum("ij,ij->i", Hc @ P, Hc), q)
-            mu = Hk.mean(axis=0)
-            Hc = Hk - mu
+        Hn, k = normalise(H)  # fit at unit scale; centre and semi-axes map back exactly
+        mu, rank, U, sv, Vt = affine_hull(Hn)
+        if q < 1.0 and rank > 0:
+            # Mahalanobis distance to the mean with the pseudo-inverse of the sample covariance:
+            # (n - 1) |U_i|^2 over the hull's directions (no ill-conditioned inverse)
+            Hk, _ = trim(Hn, (n - 1) * np.einsum("ij,ij->i", U[:, :rank], U[:, :rank]), q)
+            mu, rank, U, sv, Vt = affine_hull(Hk)
         else:
-            Hk = H
-        # affine rank of the kept points
-        _, sv, Vt = np.linalg.svd(Hc, full_matrices=False)  # Vt: (min(N, d), d)
-        rank_tol = sv[0] * max(Hc.shape) * np.finfo(np.float64).eps * 16 if sv.size else 0.0
-        rank = int(np.sum(sv > rank_tol))
-        if rank == 0:
-            raise ValueError("X: all points coincide; no ellipsoid of positive volume encloses them")
+            Hk = Hn
+        nk = Hk.shape[0]
+        if rank == 0 and ridge is None:
+            refuse_degenerate(
+                "ellipsoid", f"all {nk} points coincide", "the enclosing ellipsoid would have "
+                "volume 0. Pass ridge=t for the ball of radius t around the point (the rule for "
+                "rank-deficient data), or build one with Ellipsoid.from_params")
+        if rank < d and ridge is None:
+            refuse_degenerate(
+                "ellipsoid", f"the {nk} points span an affine subspace of dimension {rank} < d={d} "
+                f"({'collinear points' if rank == 1 else 'N <= d' if nk <= d else 'points on a subspace'})",
+                "the minimum-volume enclosing ellipsoid is flat (volume 0). Pass more points, or "
+                "ridge=t to fit in the affine hull and give the remaining axes semi-axis t explicitly")
+        fit = None
+        if rank > 0:
+            fit = mvee(mu, U[:, :rank], sv[:rank], Vt[:rank], solver="cvxpy" if solver == "cvxpy" else "fast",
+                       tol=tol, max_iter=max_iter, progress=bool(self.progress))
+            center = unscale(fit.center, k, "centre")
+            axes_in, semi_in = fit.axes, unscale(fit.semi_axes, k, "semi-axes")
+            log_lower = fit.log_lower + rank * k * math.log(2.0)
+            eps, it, used = fit.eps, fit.n_iter, fit.solver
+        else:  # a single point, with ridge: the ball of radius ridge around it
+            center = unscale(mu, k, "centre")
+            axes_in, semi_in = np.zeros((0, d)), np.zeros(0)
+            log_lower, eps, it, used = float("nan"), 0.0, 0, "closed_form"
         if rank < d:
-            if ridge is None:
-                raise ValueError(
-                    f"X: the {Hk.shape[0]} points span an affine subspace of dimension {rank} < d={d} "
-                    f"(N <= d or degenerate data); the minimum-volume enclosing ellipsoid is flat "
-                    "(volume 0). Pass more points, or ridge=t to fit in the affine hull and give the "
-                    "remaining axes semi-axis t explicitly"
-                )
-            basis = Vt[:rank]
-            Z = Hc @ basis.T
-        else:
-            basis = None
-            Z = Hk
-        if Z.shape[0] <= Z.shape[1]:  # cannot happen for a genuine affine rank, kept as a guard
-            raise ValueError(f"X: need more than {Z.shape[1]} points for the ellipsoid")
-        if solver == "cvxpy":
-            c, A, name = mvee_cvxpy(Z)
-            used, eps, it = f"cvxpy:{name}", float("nan"), 0
-        else:
-            c, A, eps, it = mvee_fast(Z, tol=tol, max_iter=max_iter, progress=bool(self.progress))
-            used = "fast"
-            if eps > tol:
-                warnings.warn(
-                    f"Ellipsoid: the fast solver stopped at max_iter={max_iter} with relative gap "
-                    f"{eps:.3g} > tol={tol:g}; the ellipsoid contains every point but its "
-                    f"log-volume may exceed the minimum by up to {(d + 1) / 2 * math.log1p(eps):.3g} nats",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        if basis is not None:
-            center = mu + c @ basis
             from scipy.linalg import null_space
 
-            perp = null_space(basis).T  # (d - rank, d): the directions off the affine hull
-            A_full = basis.T @ A @ basis + (perp.T @ perp) / ridge**2
-            c_full = center
+            perp = null_space(axes_in).T if rank else np.eye(d)  # (d - rank, d): off the hull
+            axes = np.vstack([axes_in, perp])
+            semi = np.concatenate([semi_in, np.full(d - rank, ridge)])
+            order = np.argsort(semi, kind="stable")[::-1]
+            axes, semi = axes[order], semi[order]
         else:
-            A_full, c_full = A, c
-        self._set(c_full, A_full, eps=eps, n_iter=it, ridge=ridge, rank=rank)
-        # exact containment in the full space (guards the change of basis)
-        g = self._gauge(Hk).max()
-        if g > 1.0:
-            self._set(c_full, A_full / g**2, eps=eps, n_iter=it, ridge=ridge, rank=rank)
+            axes, semi = axes_in, semi_in
+        # exact containment in the data's own coordinates (guards the whitening and the maps back)
+        Xk = unscale(Hk, k, "points")
+        self.center_, self.axes_, self.semi_axes_ = center, axes, semi
+        g = float(self._gauge(Xk).max())
+        grow = g if g > 1.0 else 1.0
+        semi = semi * grow
+        gap = float("nan")
+        if rank > 0 and np.isfinite(log_lower):
+            log_vol_hull = log_unit_ball_volume(rank) + float(np.sum(np.log(semi_in))) + rank * math.log(grow)
+            gap = max(log_vol_hull - log_lower, 0.0)
+        elif rank == 0:
+            gap = 0.0
+        if solver != "cvxpy" and eps > tol:
+            warnings.warn(
+                f"Ellipsoid: the fast solver stopped at max_iter={max_iter} with relative gap "
+                f"{eps:.3g} > tol={tol:g}; the ellipsoid contains every point but its "
+                f"log-volume may exceed the minimum by up to {gap:.3g} nats (certified)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._set_axes(center, axes, semi, eps=eps, gap_nats=gap, n_iter=it,
+                       ridge=None if rank == d else ridge, rank=rank)
         self.n_features_in_ = d
-        self._record_fit(n, Hk.shape[0], q, used, t0)
+        self._record_fit(n, nk, q, used, t0)
         return self
+
+    @property
+    def shape_matrix_(self) -> np.ndarray:
+        """``A = axes_^T diag(semi_axes_^-2) axes_``, shape (d, d), derived from the axes.
+
+        Raises
+        ------
+        ValueError
+            ``A`` does not fit in float64 (its entries would over- or underflow: an ellipsoid
+            of size ``1e160``, or semi-axes spanning more than about ``1e150``); the ellipsoid
+            itself is ``center_``, ``axes_`` and ``semi_axes_``.
+        """
+        self._check_fitted()
+        s = self.semi_axes_
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            B = self.axes_ / s[:, None]
+            A = B.T @ B
+        tiny = np.finfo(np.float64).tiny
+        if not np.all(np.isfinite(A)) or not float(s.max()) ** -2 >= tiny:
+            raise ValueError(
+                f"shape_matrix_: A = axes^T diag(semi_axes^-2) axes is not representable in float64 "
+                f"(semi-axes from {float(s.min()):.3g} to {float(s.max()):.3g}); use center_, axes_ "
+                "and semi_axes_, which describe the ellipsoid exactly"
+            )
+        return 0.5 * (A + A.T)
 
     @property
     def log_volume(self) -> float:
@@ -305,7 +407,7 @@ class Ellipsoid(Support):
         self._check_fitted()
         eps = check_positive(eps, "eps")
         s = self.semi_axes_
-        out = {"paper": float(np.sum(np.log1p(2.0 * s / eps)))}
+        out = {"paper": float(np.sum(log1p_ratio(s, eps, 2.0)))}
         out.update(ellipsoid_terms(s, eps, aligned=is_axis_aligned(self.axes_)))
         out.update(circumball_terms(s.size, float(np.max(s)), eps, "_circumball"))
         return out
@@ -340,3 +442,16 @@ class Ellipsoid(Support):
             "ridge": self.ridge_,
             "affine_rank": self.affine_rank_,
         }
+
+    def scaled(self, factor) -> "Ellipsoid":
+        """The ellipsoid with the same centre and axes, semi-axes times ``factor`` (shape
+        matrix ``A / factor^2``; see :meth:`Support.scaled`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        return type(self).from_params(self.center_, self.shape_matrix_ / (s * s))

@@ -7,7 +7,8 @@ one line to :data:`SHAPES`.
 from __future__ import annotations
 
 from ._ball import Ball
-from ._base import _CENTERINGS, _SOLVERS, Support, check_choice
+from ._base import _CENTERINGS, _SOLVERS, Support, check_choice, check_hidden
+from ._conformal import calibrate_support, conformal_rank, split_for_calibration
 from ._box import Box
 from ._cone import Cone
 from ._ellipsoid import Ellipsoid
@@ -27,7 +28,8 @@ SHAPES: dict[str, type[Support]] = {
 }
 
 
-def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -> Support:
+def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibrate=None,
+                calibration_fraction=0.5, seed=0, **kw) -> Support:
     """Fit the smallest support of a given shape that holds the hidden states.
 
     Parameters
@@ -48,6 +50,19 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -
         box). ``n_dropped_`` and ``n_fit_`` record it.
     solver : {"auto", "fast", "cvxpy"}, default "auto"
         See each class.
+    calibrate : float in (0, 1), optional
+        Split-conformal calibration at miscoverage ``alpha = calibrate``: the shape is fitted on
+        a random ``1 - calibration_fraction`` of the rows and scaled about its centre by the
+        ``ceil((n + 1)(1 - alpha))``-th smallest gauge of the other ``n`` rows
+        (:func:`embgeom.supports.calibrate_support`), so that a fresh point drawn like the rows
+        of ``H`` is inside with probability ``>= 1 - alpha`` (Vovk et al. 2005; Angelopoulos and
+        Bates 2021). The result is a ready set (``calibration_`` records the level, the split
+        and the scale). ``None``: no calibration, the smallest set holding the (kept) rows.
+    calibration_fraction : float in (0, 1), default 0.5
+        Share of the rows used for calibration (with ``calibrate``).
+    seed : seed, default 0
+        Seed of the random split (with ``calibrate``): the calibration rows are the first
+        ``round(calibration_fraction N)`` of ``numpy.random.default_rng(seed).permutation(N)``.
     **kw
         Further options of the class (``tol``, ``rotation``, ``ridge``, ``min_width``,
         ``max_iter``, ``progress``, ...).
@@ -55,12 +70,14 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -
     Returns
     -------
     Support
-        The fitted :class:`Ball`, :class:`Ellipsoid`, :class:`Cone` or :class:`Box`.
+        The fitted :class:`Ball`, :class:`Ellipsoid`, :class:`Cone` or :class:`Box` (with
+        ``calibrate``: the calibrated ready set of that class).
 
     Raises
     ------
     ValueError
-        Unknown shape or option, or bad ``H`` (NaN/inf, N < 2, ...).
+        Unknown shape or option, or bad ``H`` (NaN/inf, N < 2, ...); with ``calibrate``, a
+        calibration split too small for the level (``n >= 1/alpha - 1`` points are needed).
     TypeError
         ``H`` not real floats (float16 refused).
 
@@ -77,4 +94,12 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", **kw) -
     check_choice(center, "center", _CENTERINGS)
     check_choice(solver, "solver", _SOLVERS)
     est = SHAPES[shape]._from_fit_options(center=center, quantile=quantile, solver=solver, **kw)
-    return est.fit(H)
+    if calibrate is None:
+        return est.fit(H)
+    H = check_hidden(H, "H")
+    fit_idx, cal_idx = split_for_calibration(H.shape[0], calibration_fraction, seed)
+    conformal_rank(cal_idx.size, calibrate)  # a split too small for the level fails before the fit
+    out = calibrate_support(est.fit(H[fit_idx]), H[cal_idx], calibrate)
+    out.calibration_["calibration_fraction"] = float(calibration_fraction)
+    out.calibration_["n_fit"] = int(fit_idx.size)
+    return out

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .._special import _log_kappa, log_sphere_area, log_unit_ball_volume
+from .._special import _log_kappa, log1p_ratio, log_sphere_area, log_unit_ball_volume
 from .._validation import check_array, check_positive, check_seed
 from ._base import CONTAINS_TOL, Support
 from ._ellipsoid import Ellipsoid
@@ -16,6 +16,7 @@ from ._volumetric import (
     ellipsoid_terms,
     log_enclosing_ellipsoid_ratio,
 )
+from ._base import check_scale_factor
 
 __all__ = ["FinalNormShell", "support_from_final_norm"]
 
@@ -26,17 +27,6 @@ class FinalNormShell(Support):
 
     As an estimator, ``fit(X)`` reads nothing from ``X`` but its width: the set is given by the
     parameters (the norm's kind, gain, bias and eps); ``gain=None`` is the unit gain.
-
-    Parameters
-    ----------
-    kind : {"rmsnorm", "layernorm"}, default "rmsnorm"
-    gain : array_like of float, shape (d,), optional
-        The effective gain ``g`` (Gemma's ``1 + w`` already applied); ``None``: all ones, with
-        ``d`` taken from ``X`` in ``fit``. No zero entries.
-    bias : array_like of float, shape (d,), optional
-        The norm's bias ``b`` (LayerNorm); ``None``: no bias.
-    eps : float, default 0.0
-        The norm's epsilon (>= 0); recorded, it does not change the set (see below).
 
     Derivation (``h`` the output, ``g`` the effective gain, ``b`` the bias, ``eps`` the norm's
     epsilon, ``y_i = (h_i - b_i) / g_i``):
@@ -52,6 +42,17 @@ class FinalNormShell(Support):
 
     Strictly the image over all inputs is the solid ``sum y_i^2 <= d`` (``ms`` can be as small as
     one likes); the shell is where the hidden states are in practice.
+
+    Parameters
+    ----------
+    kind : {"rmsnorm", "layernorm"}, default "rmsnorm"
+    gain : array_like of float, shape (d,), optional
+        The effective gain ``g`` (Gemma's ``1 + w`` already applied); ``None``: all ones, with
+        ``d`` taken from ``X`` in ``fit``. No zero entries.
+    bias : array_like of float, shape (d,), optional
+        The norm's bias ``b`` (LayerNorm); ``None``: no bias.
+    eps : float, default 0.0
+        The norm's epsilon (>= 0); recorded, it does not change the set (see below).
 
     Attributes
     ----------
@@ -233,16 +234,19 @@ class FinalNormShell(Support):
         self._check_fitted()
         if self._log_area is None:
             s = self.semi_axes_
+            smin = float(s.min())
+            sn = s / smin  # >= 1: |z / s| = |z / sn| / smin, no under/overflow at any scale
             rng = np.random.default_rng(0)
             vals = []
             for _ in range(4):
                 z = rng.standard_normal((1024, self.dim))
                 z /= np.linalg.norm(z, axis=1, keepdims=True)
-                vals.append(np.sqrt(np.einsum("ij,ij->i", z / s, z / s)))
+                vals.append(np.sqrt(np.einsum("ij,ij->i", z / sn, z / sn)))
             v = np.concatenate(vals)
             mean = float(v.mean())
             self.log_area_stderr_ = float(v.std(ddof=1) / math.sqrt(v.size) / mean)
-            self._log_area = float(np.sum(np.log(s))) + log_sphere_area(self.dim) + math.log(mean)
+            self._log_area = (float(np.sum(np.log(s))) + log_sphere_area(self.dim) + math.log(mean)
+                              - math.log(smin))
         return self._log_area
 
     def sample(self, n: int, seed=None) -> np.ndarray:
@@ -281,7 +285,8 @@ class FinalNormShell(Support):
         """
         self._check_fitted()
         c = np.zeros(self.dim) if self.bias_ is None else self.bias_.copy()
-        ell = Ellipsoid.from_params(c, np.diag(1.0 / (self.dim * self.gain_**2)))
+        # by semi-axes sqrt(d) |g_i| (a shape matrix diag(1/(d g^2)) underflows for g ~ 1e160)
+        ell = Ellipsoid.from_params(c, semi_axes=self.semi_axes_)
         ell.solver_ = "closed_form"
         return ell
 
@@ -295,9 +300,11 @@ class FinalNormShell(Support):
         # (d-1)-ball of radius sqrt(d) is a (d-1)-ellipsoid whose semi-axes are sqrt(d) times the
         # nonzero singular values of diag(g) restricted to 1^perp, i.e. the square roots of the
         # nonzero eigenvalues of diag(g^2) - g g^T / d.
-        M = np.diag(gain**2) - np.outer(gain, gain) / d
+        gmax = float(gain.max())
+        gn = gain / gmax  # in units of the largest gain: no overflow of g^2 at g ~ 1e160
+        M = np.diag(gn**2) - np.outer(gn, gn) / d
         ev = np.clip(np.linalg.eigvalsh(M), 0.0, None)[::-1][: d - 1]
-        return self.radius_ * np.sqrt(ev), d - 1
+        return self.radius_ * gmax * np.sqrt(ev), d - 1
 
     def packing_bound_terms(self, eps) -> dict:
         """Volumetric bounds on ``log P(shell, eps)`` (nats), by name.
@@ -325,7 +332,7 @@ class FinalNormShell(Support):
         eps = check_positive(eps, "eps")
         s, k = self._shell_semi_axes()
         d = self.dim
-        out = {"paper": float(np.sum(np.log1p(2.0 * s / eps)))}
+        out = {"paper": float(np.sum(log1p_ratio(s, eps, 2.0)))}
         if self.kind_ == "rmsnorm":
             out.update(ellipsoid_terms(s, eps, aligned=True))  # diag(g): axes are coordinate axes
         else:
@@ -333,12 +340,11 @@ class FinalNormShell(Support):
                 log_s = np.log(s)
             # LayerNorm: a k = d-1 dimensional ellipsoid E' in a hyperplane. E' + B_d(rho) lies in
             # (E' + B_k(rho)) x [-rho, rho] (normal direction); bound the k-dimensional part.
-            rho = 0.5 * eps
-            g2 = log_enclosing_ellipsoid_ratio(log_s - math.log(rho), 0.0)  # minus log kappa_k, k log rho
+            log_rho = math.log(eps) - math.log(2.0)
+            g2 = log_enclosing_ellipsoid_ratio(log_s - log_rho, 0.0)  # minus log kappa_k, k log rho
             out["v2_hyperplane"] = float(_log_kappa(k) - _log_kappa(d) + math.log(2.0) + g2)
-            rho_p = 0.5 * math.sqrt(d) * eps
             gi = log_enclosing_ellipsoid_ratio(log_s - math.log(eps), math.log(0.25 * d))
-            out["vinf_hyperplane"] = float(_log_kappa(k) + gi + math.log(2.0 * rho_p / eps))
+            out["vinf_hyperplane"] = float(_log_kappa(k) + gi + math.log(math.sqrt(d)))  # 2 rho'/eps
             # coordinate projections of the flat ellipsoid (M = d (diag(g^2) - g g^T/d), rank
             # d-1): the projection argument needs only the eigenvalues, one of which is 0
             log_s_full = np.concatenate([log_s, [-np.inf]]) - math.log(eps)
@@ -389,6 +395,19 @@ class FinalNormShell(Support):
     @classmethod
     def _from_fit_options(cls, **kw):
         raise ValueError("shape='final_norm' is not a fit: use support_from_final_norm(unembedding)")
+
+    def scaled(self, factor) -> "FinalNormShell":
+        """The shell with the gain times ``factor`` (the homothety about the bias, or the
+        origin; see :meth:`Support.scaled`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+        """
+        self._check_fitted()
+        s = check_scale_factor(factor)
+        return type(self).from_params(self.kind_, s * self.gain_, self.bias_, self.eps_)
 
 
 def support_from_final_norm(unembedding) -> FinalNormShell:

@@ -31,10 +31,11 @@ def ball_terms(d: int, r: float, eps: float) -> dict:
     ``v2_ball = d log(1 + 2r/eps)`` (exact V2); ``vinf_steiner`` the Steiner formula
     ``vol(Q(eps) + B(r)) / eps^d = sum_j C(d,j) kappa_{d-j} (r/eps)^{d-j}`` (exact Vinf).
     """
-    v2 = d * math.log1p(2.0 * r / eps)
+    # in logs throughout: r / eps overflows for r = 1e30, eps = 1e-300
+    log_r_eps = math.log(r) - math.log(eps)
+    v2 = d * float(softplus(math.log(2.0) + log_r_eps))
     j = np.arange(d + 1)
-    vinf = float(special.logsumexp(log_binomial_row(d) + _log_kappa(d - j)
-                                   + (d - j) * math.log(r / eps)))
+    vinf = float(special.logsumexp(log_binomial_row(d) + _log_kappa(d - j) + (d - j) * log_r_eps))
     return {"v2_ball": v2, "vinf_steiner": vinf}
 
 
@@ -96,13 +97,13 @@ def ellipsoid_terms(semi_axes: np.ndarray, eps: float, *, aligned: bool = False)
     d = semi_axes.shape[0]
     with np.errstate(divide="ignore"):
         log_s = np.log(semi_axes)
+    log_eps = math.log(eps)
     # V2: rho = eps/2, scale rho: u = s/rho, c = 1
-    v2 = log_enclosing_ellipsoid_ratio(log_s - math.log(0.5 * eps), 0.0)
+    v2 = log_enclosing_ellipsoid_ratio(log_s - (log_eps - math.log(2.0)), 0.0)
     # Vinf: Q(eps) inside B(rho'), rho' = sqrt(d) eps / 2; divide by eps^d; scale eps
-    vinf = float(_log_kappa(d)) + log_enclosing_ellipsoid_ratio(
-        log_s - math.log(eps), math.log(0.25 * d))
+    vinf = float(_log_kappa(d)) + log_enclosing_ellipsoid_ratio(log_s - log_eps, math.log(0.25 * d))
     out = {"v2_ellipsoid": v2, "vinf_ellipsoid": vinf}
-    out.update(ellipsoid_projection_terms(log_s - math.log(eps), aligned=aligned))
+    out.update(ellipsoid_projection_terms(log_s - log_eps, aligned=aligned))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Plain-text formatting shared by the report and the bounds section: numbers and markdown tables."""
+"""Plain-text formatting of the report (and of ``cram_summary.md``): numbers and markdown tables."""
 
 from __future__ import annotations
 
@@ -33,9 +33,15 @@ def md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def md_table(header: list[str], rows: list[list]) -> str:
-    """A markdown table; every cell through :func:`fmt` and :func:`md_cell`."""
-    lines = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+def md_table(header: list[str], rows: list[list], *, drop_empty: bool = False) -> str:
+    """A markdown table, one line per row; every cell through :func:`fmt` and :func:`md_cell`.
+
+    With ``drop_empty`` a column whose cells are all ``None`` (or ``"-"``) is left out.
+    """
+    keep = list(range(len(header)))
+    if drop_empty and rows:
+        keep = [j for j in keep if any(r[j] is not None and r[j] != "-" for r in rows)]
+    lines = ["| " + " | ".join(md_cell(header[j]) for j in keep) + " |", "|" + "---|" * len(keep)]
     for r in rows:
-        lines.append("| " + " | ".join(md_cell(fmt(v)) for v in r) + " |")
+        lines.append("| " + " | ".join(md_cell(fmt(r[j])) for j in keep) + " |")
     return "\n".join(lines)

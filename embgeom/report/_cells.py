@@ -1,0 +1,229 @@
+"""The report's cells section: cell shares, unresolved cells, duplicates, unargmaxable tokens."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .._unargmaxable import _unique_rows
+from ..cells import Decoder
+from ..volumes import cell_volumes
+from . import figures
+from ._markdown import fmt, md_table
+
+__all__ = ["cells_report_section", "duplicate_rows", "cell_log_shares"]
+
+
+def duplicate_rows(decoder: Decoder, tokenizer=None, limit: int = 50) -> dict:
+    """The tokens whose unembedding row (and bias) exactly repeats a row of a lower id.
+
+    Such a token is never the strict argmax: ties go to the lowest id (the decoder's rule), so
+    every duplicate is unargmaxable whatever the hidden state.
+
+    Parameters
+    ----------
+    decoder : Decoder
+    tokenizer : optional
+        ``convert_ids_to_tokens`` names the tokens.
+    limit : int, default 50
+        At most this many pairs are listed.
+
+    Returns
+    -------
+    dict
+        ``n_duplicates`` (int), ``pairs`` (list of ``{"token_id", "same_row_as"[, "token",
+        "same_row_as_token"]}``, the first ``limit``).
+    """
+    W = np.asarray(decoder.W_, dtype=np.float32)
+    b = None if decoder.bias_ is None else np.asarray(decoder.bias_, dtype=np.float32)
+    _, rep = _unique_rows(W, b)
+    dup = np.flatnonzero(rep != np.arange(rep.size))
+    pairs = [{"token_id": int(t), "same_row_as": int(rep[t])} for t in dup[:limit]]
+    if pairs and tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens"):
+        a = tokenizer.convert_ids_to_tokens([p["token_id"] for p in pairs])
+        z = tokenizer.convert_ids_to_tokens([p["same_row_as"] for p in pairs])
+        for p, ta, tz in zip(pairs, a, z):
+            p["token"], p["same_row_as_token"] = str(ta), str(tz)
+    return {"n_duplicates": int(dup.size), "pairs": pairs}
+
+
+def cell_log_shares(cv) -> dict:
+    """Per-token log-shares (nats), their interval ends, and which tokens are unresolved.
+
+    Uses the rare-event fields of :class:`embgeom.volumes.CellVolumes` when it has them
+    (``log_fractions``, ``log_lower``, ``log_upper``: NaN for a token not estimated), else the
+    counts of the uniform estimator (a token with no hit is unresolved).
+
+    Returns
+    -------
+    dict
+        ``log_shares``, ``log_lower``, ``log_upper`` (float64 (|V|,)), ``unresolved`` (bool
+        (|V|,)), ``estimator`` (str).
+    """
+    lf = getattr(cv, "log_fractions", None)
+    if lf is not None:
+        lf = np.asarray(lf, dtype=np.float64)
+        lo = np.asarray(getattr(cv, "log_lower", np.full_like(lf, np.nan)), dtype=np.float64)
+        hi = np.asarray(getattr(cv, "log_upper", np.full_like(lf, np.nan)), dtype=np.float64)
+        method = getattr(cv, "method", None)
+        est = str(method) if isinstance(method, str) else "rare-event estimator"
+        return {"log_shares": lf, "log_lower": lo, "log_upper": hi,
+                "unresolved": ~np.isfinite(lf), "estimator": est}
+    with np.errstate(divide="ignore"):
+        return {"log_shares": np.log(cv.fractions), "log_lower": np.log(cv.lower),
+                "log_upper": np.log(cv.upper), "unresolved": cv.counts == 0,
+                "estimator": f"uniform Monte Carlo ({cv.sampling})"}
+
+
+def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_dir,
+                         tokenizer=None, *, unargmaxable: str = "full", max_lp: int | None = 200,
+                         lp_time_limit: float = 60.0, top_k: int = 20, progress: bool = True,
+                         return_volumes: bool = False, method: str = "auto", tokens="auto",
+                         executor="local"):
+    """The cells section of the report: cell shares, the largest cells, unargmaxable tokens.
+
+    Writes ``cell_fractions.npy`` (float64 (|V|,)) and ``cell_volumes.png`` (the rank plot of
+    the log-shares, :func:`embgeom.report.figures.plot_cell_shares`) into ``out_dir``.
+
+    Parameters
+    ----------
+    decoder : Decoder
+    support : Support
+        Where the hidden states live; passed to :func:`embgeom.volumes.cell_volumes`.
+    n_samples : int
+        Monte Carlo points.
+    seed : int or None
+    out_dir : str or path-like
+    tokenizer : optional
+        ``convert_ids_to_tokens`` names the largest cells, the duplicates and the unargmaxable.
+    unargmaxable : {"full", "off"}, default "full"
+        ``"full"``: the exact scan of every token over the whole space
+        (:meth:`Decoder.unargmaxable`, at most ``max_lp`` LPs, the rest undecided). ``"off"``:
+        skipped (exact duplicate rows are still found: they are unargmaxable by the tie rule).
+    max_lp : int or None, default 200
+    lp_time_limit : float, default 60
+        Seconds per LP token before it is reported undecided.
+    top_k : int, default 20
+    progress : bool, default True
+    return_volumes : bool, default False
+        Also return the :class:`~embgeom.volumes.CellVolumes`.
+    method, tokens : passed to :func:`~embgeom.volumes.cell_volumes`
+        ``"auto"``: rare-event log-shares (on a seeded token sample for a large vocabulary)
+        where the cells are cones through the support's centre, uniform counts elsewhere.
+    executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
+        Where the cell-volume chunks and the unargmaxable scan run (same results on each).
+
+    Returns
+    -------
+    dict
+        JSON-able: ``unargmaxable`` (the scan's dict, or None when off), ``duplicates``
+        (:func:`duplicate_rows`), ``n_unresolved``, ``unresolved_share``, ``estimator``,
+        ``fractions_path``, ``figure`` (file names), ``top``, ``top1pct_share``, ``volumes``
+        (:meth:`CellVolumes.to_dict`).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`~embgeom.volumes.cell_volumes`; ``unargmaxable`` not one of the choices.
+    """
+    if unargmaxable not in ("full", "off"):
+        raise ValueError(f"unargmaxable: expected 'full' or 'off', got {unargmaxable!r}")
+    os.makedirs(out_dir, exist_ok=True)
+    out = Path(out_dir)
+    cv = cell_volumes(decoder, support, n_samples, seed=seed, progress=progress, method=method,
+                      tokens=tokens, executor=executor)
+    np.save(out / "cell_fractions.npy", cv.fractions)
+    shares = cell_log_shares(cv)
+    V = int(shares["log_shares"].size)
+    n_unres = int(shares["unresolved"].sum())
+    fig = figures.plot_cell_shares(shares["log_shares"], out / "cell_volumes.png",
+                                   log_lower=shares["log_lower"], log_upper=shares["log_upper"],
+                                   unresolved=shares["unresolved"], n_samples=cv.n_samples,
+                                   estimator=shares["estimator"])
+    un = None
+    if unargmaxable == "full":
+        res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress,
+                                   executor=executor)
+        un = res.to_dict()
+        if tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens") and res.tokens.size:
+            un["tokens"] = [str(s) for s in
+                            tokenizer.convert_ids_to_tokens([int(i) for i in res.tokens[:200]])]
+    section = {
+        "unargmaxable": un,
+        "duplicates": duplicate_rows(decoder, tokenizer),
+        "estimator": shares["estimator"],
+        "n_unresolved": n_unres,
+        "unresolved_share": n_unres / V,
+        "fractions_path": "cell_fractions.npy",
+        "figure": Path(fig).name,
+        "top": cv.top(top_k, tokenizer=tokenizer),
+        "top1pct_share": cv.top_share(0.01),
+        "volumes": cv.to_dict(),
+    }
+    return (section, cv) if return_volumes else section
+
+
+def unargmaxable_sentence(section: dict) -> str:
+    """The unargmaxable count with its cause, in one sentence."""
+    dup = section.get("duplicates") or {"n_duplicates": 0, "pairs": []}
+    nd = dup["n_duplicates"]
+    ex = ", ".join(f"{p['token_id']} = {p['same_row_as']}" for p in dup["pairs"][:4])
+    ex += ", ..." if nd > 4 else ""
+    un = section.get("unargmaxable")
+    if un is None:
+        if not nd:
+            return ("Unargmaxable tokens: exact scan not run (--quick); no token repeats the "
+                    "unembedding row of another.")
+        return (f"Unargmaxable tokens: exact scan not run (--quick); at least {nd}: they are "
+                f"exact duplicate rows of lower ids ({ex}) and ties go to the lower id.")
+    n = un["n_unargmaxable"]
+    counts = un.get("status_counts", {})
+    n_dup, n_lp = counts.get("duplicate", 0), counts.get("lp_empty", 0)
+    und = un.get("n_undecided", 0)
+    tail = f"; {und} tokens undecided (LP time limit)" if und else ""
+    if n == 0:
+        return f"Unargmaxable tokens (exact scan): none{tail}."
+    if n == n_dup:
+        return (f"Unargmaxable tokens (exact scan): {n}, all of them exact duplicate rows of "
+                f"lower ids ({ex}); ties go to the lower id, so these tokens never win{tail}.")
+    parts = []
+    if n_dup:
+        parts.append(f"{n_dup} exact duplicate rows of lower ids ({ex}; ties go to the lower id)")
+    if n_lp:
+        parts.append(f"{n_lp} with an empty cell certified by an LP (the row lies inside the "
+                     "convex hull of the others or on one of its faces)")
+    return f"Unargmaxable tokens (exact scan): {n}: " + "; ".join(parts) + tail + "."
+
+
+def cells_markdown(section: dict, support_name: str) -> str:
+    """The cells section of report.md."""
+    vol = section["volumes"]
+    V = vol["n_tokens"]
+    lines = ["## Decoder cells", "",
+             f"Shares of the {V:,} decoder cells E_t (argmax of W h + b) in the "
+             f"`{support_name}` support: {section['estimator']}, {vol.get('n_samples', 0):,} "
+             f"samples, 95% {vol.get('interval', '')} intervals. The largest 1% of cells hold "
+             f"{fmt(section['top1pct_share'])} of the volume (uniform cells would hold 0.01); "
+             f"{section['n_unresolved']:,} cells ({100 * section['unresolved_share']:.1f}%) are "
+             "unresolved (no sample fell in them: only an upper bound on their share is known).",
+             "", unargmaxable_sentence(section)]
+    un = section.get("unargmaxable")
+    if un and un.get("undecided"):
+        lines.append("Undecided token ids (LP time limit reached): "
+                     + ", ".join(str(i) for i in un["undecided"][:30]) + ".")
+    dup = section.get("duplicates") or {}
+    if dup.get("pairs") and dup["pairs"][0].get("token") is not None:
+        lines += ["", "Duplicate rows:", "",
+                  md_table(["token id", "token", "same row as", "token"],
+                           [[p["token_id"], p["token"], p["same_row_as"], p["same_row_as_token"]]
+                            for p in dup["pairs"][:20]])]
+    top = section.get("top") or []
+    if top:
+        lines += ["", "Largest cells:", ""]
+        keys = [k for k in ("token_id", "token", "fraction", "lower", "upper") if k in top[0]]
+        lines.append(md_table(keys, [[t.get(k) for k in keys] for t in top[:10]]))
+    lines += ["", f"![cell shares, rank plot]({section['figure']})"]
+    return "\n".join(lines)
+

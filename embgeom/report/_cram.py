@@ -1,0 +1,87 @@
+"""Reading a cramming measurement (``cram_summary.json``) for the report's C_emp."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["read_cram_summary", "find_cram_summary", "CRAM_SEARCH_DIRS"]
+
+#: Folders (relative to the working directory) searched by ``cram_summary="auto"``.
+CRAM_SEARCH_DIRS = ("benchmarks/results", "runs")
+
+
+def read_cram_summary(path, model_name: str | None = None) -> dict:
+    """C_emp and the n50 points of a :func:`embgeom.cramming.run_cram` summary.
+
+    Parameters
+    ----------
+    path : str or Path
+        ``cram_summary.json``, or a folder holding one.
+    model_name : str, optional
+        When given, a summary of another model is refused.
+
+    Returns
+    -------
+    dict
+        ``c_emp``, ``c_emp_lower``, ``c_emp_upper`` (tokens per prompt vector; None when the
+        run had fewer than two finite n50), ``r2`` (the fit's uncentred R^2), ``n50`` ``{m:
+        {"n50", "lower", "upper"}}``, ``model``, ``source`` (the file), ``fit_error``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file (or no ``cram_summary.json`` in the folder).
+    ValueError
+        Not a cram summary, or a summary of another model.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "cram_summary.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"cram_summary: no file {str(p)!r}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"cram_summary: {str(p)!r} is not JSON ({exc})") from None
+    if not isinstance(data, dict) or "n50" not in data or "model" not in data:
+        raise ValueError(f"cram_summary: {str(p)!r} is not an `embgeom cram` summary (no n50/model)")
+    if model_name is not None and Path(str(data["model"])).name != Path(str(model_name)).name:
+        raise ValueError(f"cram_summary: {str(p)!r} measures {data['model']!r}, not {model_name!r}")
+    fit = data.get("fit") or {}
+    n50 = {str(m): {k: v.get(k) for k in ("n50", "lower", "upper")}
+           for m, v in (data.get("n50") or {}).items() if isinstance(v, dict)}
+    return {"c_emp": fit.get("c_emp"), "c_emp_lower": fit.get("c_emp_lower"),
+            "c_emp_upper": fit.get("c_emp_upper"), "r2": fit.get("r2_uncentred"),
+            "n50": n50, "model": data["model"], "source": str(p),
+            "fit_error": data.get("fit_error")}
+
+
+def find_cram_summary(model_name: str, search_dirs=CRAM_SEARCH_DIRS, root=".") -> dict | None:
+    """The newest cram summary of ``model_name`` with a fitted C_emp under ``search_dirs``.
+
+    Parameters
+    ----------
+    model_name : str
+    search_dirs : sequence of str
+        Folders under ``root`` searched recursively for ``*cram_summary*.json``.
+    root : str or Path, default "."
+
+    Returns
+    -------
+    dict or None
+        :func:`read_cram_summary`'s result, or None when there is none.
+    """
+    found = []
+    for sub in search_dirs:
+        base = Path(root) / sub
+        if not base.is_dir():
+            continue
+        for p in base.rglob("*cram_summary*.json"):
+            try:
+                s = read_cram_summary(p, model_name)
+            except (ValueError, OSError):
+                continue
+            if s["c_emp"] is not None:
+                found.append((p.stat().st_mtime, s))
+    return max(found, key=lambda t: t[0])[1] if found else None

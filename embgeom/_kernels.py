@@ -13,6 +13,13 @@ after the first blocks) is the row scanned again for the index. Token blocks are
 increasing id order and only a strictly larger value replaces the running best, which is what makes
 ties go to the lowest token id.
 
+:meth:`embgeom.cells.Decoder.assign` folds with :func:`argmax_fold`, plain numpy: numpy's
+``argmax`` over float32 rows is hand-vectorised (about 16e9 elements/s on one core of the
+development machine, against 0.6e9 for the numba loop below, which LLVM leaves scalar), and with
+the product at full speed the fold's share of the time is what decides whether assign reaches
+the blocked-GEMM roofline (``benchmarks/bench_cell_volumes.py``). The numba argmax stays as the
+reference it is tested against.
+
 All kernels are compiled with ``nogil=True`` and run serially: the matrix product that feeds them
 already uses every core through BLAS, and these kernels cost a few percent of it (see
 ``benchmarks/bench_cell_volumes.py``). They are compiled with numba's on-disk cache
@@ -30,6 +37,7 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "argmax_fold",
     "running_argmax_update",
     "running_top2_update",
     "count_tokens",
@@ -67,6 +75,43 @@ def _njit(signature, **options):
 # fastmath only for the max-reduction loop (nnan/ninf are guaranteed: inputs are validated
 # finite and the callers check the running best for overflow); comparisons stay exact.
 _FM = {"nnan", "ninf"}
+
+
+def argmax_fold(logits, bias, offset, best_val, best_idx, add_bias: bool = True) -> bool:
+    """Fold one logits block into the running argmax of each point, with numpy's SIMD argmax.
+
+    The same contract as :func:`running_argmax_update` (ties to the lowest token id: the first
+    maximum inside the block, and only a strictly larger value from a later block replaces the
+    running best), plus a NaN check.
+
+    Parameters
+    ----------
+    logits : float32 (nb, vb), C-contiguous
+        ``X_block @ W_block.T`` for tokens ``offset .. offset + vb - 1``; overwritten with
+        ``logits + bias`` when ``add_bias`` (it is the caller's scratch buffer).
+    bias : float32 (vb,)
+    offset : int
+        Token id of column 0.
+    best_val : float32 (nb,), updated in place
+    best_idx : int64 (nb,), updated in place
+    add_bias : bool, default True
+        ``False`` when the bias is known to be zero (saves one pass over the block).
+
+    Returns
+    -------
+    bool
+        True when some row holds a NaN (an overflowed float32 product, ``inf - inf``): the
+        caller must not trust those rows.
+    """
+    if add_bias:
+        np.add(logits, bias, out=logits)
+    j = logits.argmax(axis=1)  # first maximum; a NaN row returns its first NaN
+    m = np.take_along_axis(logits, j[:, None], axis=1)[:, 0]
+    bad = bool(np.isnan(m).any())
+    upd = m > best_val
+    best_val[upd] = m[upd]
+    best_idx[upd] = j[upd] + offset
+    return bad
 
 
 @_njit(

@@ -31,10 +31,12 @@ __all__ = ["Decoder", "UnargmaxableResult"]
 #: Default number of points per block of the blocked logits product (tuned on 2 cores, see
 #: ``benchmarks/bench_cell_volumes.py``).
 POINT_BLOCK = 1024
-#: Default number of tokens per block (the (POINT_BLOCK, VOCAB_BLOCK) float32 logits buffer is
-#: 16 MiB: it stays in the last-level cache between the product and the kernel; larger blocks
-#: keep the BLAS product efficient, measured best on 2 cores in a sweep of 256..1024 x 1024..8192).
-VOCAB_BLOCK = 4096
+#: Default number of tokens per block: the (POINT_BLOCK, VOCAB_BLOCK) float32 logits buffer is
+#: 32 MiB. With the fold at numpy's SIMD argmax speed the product alone sets the pace, and
+#: OpenBLAS runs a (1024, 576) x (576, 8192) product about 1.2x faster than one 4096 tokens wide
+#: (SmolLM2's W on 2 cores, 1,139 -> 1,351 points/s in one interleaved run; 16,384 gains nothing
+#: more); see ``benchmarks/bench_cell_volumes.py --sweep``.
+VOCAB_BLOCK = 8192
 
 _UNIT_ROUNDOFF32 = 2.0**-24
 #: Rows whose Cauchy-Schwarz bound on ``|W h + b|`` reaches this go to the float64 path.
@@ -385,6 +387,8 @@ class Decoder:
             second_val = np.full(N, -np.inf, dtype=np.float32)
             second_idx = np.full(N, -1, dtype=np.int64)
         bufs: dict = {}
+        has_bias = bool(np.any(bias))  # a zero bias skips one pass over every block
+        nan_rows = False
         for p0 in range(0, N, nb):
             if exps is None and skip is None:
                 xb = np.ascontiguousarray(H[p0 : p0 + nb], dtype=np.float32)
@@ -410,11 +414,12 @@ class Decoder:
                         second_val[p0 : p0 + rows], second_idx[p0 : p0 + rows],
                     )
                 else:
-                    _kernels.running_argmax_update(
-                        buf, bias[v0 : v0 + vb], v0, best_val[p0 : p0 + rows], best_idx[p0 : p0 + rows]
+                    nan_rows |= _kernels.argmax_fold(
+                        buf, bias[v0 : v0 + vb], v0, best_val[p0 : p0 + rows],
+                        best_idx[p0 : p0 + rows], add_bias=has_bias,
                     )
         live = slice(None) if skip is None else ~skip
-        if not np.isfinite(best_val[live]).all() or (
+        if nan_rows or not np.isfinite(best_val[live]).all() or (
             top2 and V > 1 and not np.isfinite(second_val[live]).all()
         ):  # pragma: no cover - _plan sends every row that could overflow to float64
             raise ValueError(
@@ -453,9 +458,9 @@ class Decoder:
         Notes
         -----
         Cost: one ``N x d x |V|`` float32 product, computed in blocks of ``point_block`` points by
-        ``vocab_block`` tokens (BLAS) and folded into a running argmax by a numba kernel
-        (:func:`embgeom._kernels.running_argmax_update`); the ``(N, |V|)`` logits are never
-        held. Logits are float32, as in a float32 model.
+        ``vocab_block`` tokens (BLAS) and folded into a running argmax with numpy's SIMD argmax
+        (:func:`embgeom._kernels.argmax_fold`); the ``(N, |V|)`` logits are never held. Logits
+        are float32, as in a float32 model.
 
         Scale: without a bias (``method="argmax"``, ``bias=None``) the cell of ``h`` is the cell
         of ``s h`` for every ``s > 0``, so each row is divided by a power of two that brings its

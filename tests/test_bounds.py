@@ -442,6 +442,179 @@ def test_cell_volume_rate_zero_fractions_conservative():
     assert isinstance(d["log_median"], list) and "rate_conservative" in d
 
 
+def test_cell_volume_rate_zero_fill_is_renormalised_jensen_holds():
+    # issue 16: most tokens without a hit, filled with their upper ends, made the fractions sum
+    # to about 2 and put even -mean log f below log|V|
+    V, n = 2000, 3000
+    rng = np.random.default_rng(4)
+    counts = rng.multinomial(n, rng.dirichlet(np.full(V, 0.2)))
+    f = counts / n
+    up = np.where(counts > 0, np.minimum(1.0, f + 3 / n), 3.0 / n)
+    assert (f == 0).mean() > 0.3
+    raw = B.cell_volume_rate(f, 8, upper=up, normalize=False)
+    res = B.cell_volume_rate(f, 8, upper=up)
+    g = np.where(f > 0, f, up)
+    assert res.log_total == pytest.approx(math.log(g.sum()), rel=1e-12) and res.log_total > 0.3
+    assert raw.rate_asymptotic < math.log(V)  # the defect
+    assert res.normalized and res.rate_asymptotic >= math.log(V)
+    assert res.rate_asymptotic == pytest.approx(-np.mean(np.log(g / g.sum())), rel=1e-12)
+    # dividing every share by the same sum shifts log median_k by -k log_total: lambda by +log_total
+    assert res.rate == pytest.approx(raw.rate + res.log_total, abs=2e-3)
+
+
+# ------------------------------------------------------------------------------------------
+# lambda from log-shares (rare-event estimates; a token sample)
+# ------------------------------------------------------------------------------------------
+def _two_level(V, na, pa):
+    pb = (1 - na * pa) / (V - na)
+    return np.log(np.r_[np.full(na, pa), np.full(V - na, pb)]), pb
+
+
+def _binomial_median_rate(ks, q, la, lb):
+    j = stats.binom.ppf(0.5, ks, q)
+    med = j * la + (ks - j) * lb
+    return np.polyfit(ks, -med, 1)[0], med
+
+
+@pytest.mark.parametrize("V", [7, 1000])
+def test_rate_from_logs_equal_cells_is_log_vocab(V):
+    res = B.cell_volume_rate_from_logs(np.full(V, -math.log(V)), 12, n_boot=0)
+    assert res.rate == pytest.approx(math.log(V), rel=1e-12)
+    assert res.rate_asymptotic == pytest.approx(math.log(V), rel=1e-12)
+    assert res.normalized and not res.token_sample and abs(res.log_total) < 1e-12
+    # a sample of 50 equal cells out of a vocabulary of 10 V: the same, and the interval has no width
+    s = B.cell_volume_rate_from_logs(np.full(50, -math.log(10 * V)), 12, vocab_size=10 * V, n_boot=20)
+    assert s.token_sample and s.n_tokens_used == 50 and s.log_vocab == pytest.approx(math.log(10 * V))
+    assert s.rate == pytest.approx(math.log(10 * V), rel=1e-12)
+    assert s.rate_ci[0] == pytest.approx(s.rate, rel=1e-12) and s.rate_ci[1] == pytest.approx(s.rate, rel=1e-12)
+
+
+def test_rate_from_logs_two_level_exact_and_matches_fraction_path():
+    V, na, pa = 1000, 300, 0.002
+    x, pb = _two_level(V, na, pa)
+    x = np.random.default_rng(3).permutation(x)
+    k_max = 24
+    ks = np.arange(1, k_max + 1)
+    res = B.cell_volume_rate_from_logs(x, k_max, n_boot=0)
+    slope, med = _binomial_median_rate(ks, na / V, math.log(pa), math.log(pb))
+    assert np.allclose(res.log_median, med, atol=1e-9)
+    assert res.rate == pytest.approx(slope, rel=1e-9)
+    jensen = -(0.3 * math.log(pa) + 0.7 * math.log(pb))
+    assert res.rate_asymptotic == pytest.approx(jensen, rel=1e-12)
+    assert res.rate > math.log(V) and res.rate_asymptotic > math.log(V)
+    assert res.rate == pytest.approx(B.cell_volume_rate(np.exp(x), k_max).rate, rel=1e-12)
+    # shares that sum to 2 (every estimate e^0.69 too large): renormalised back to the same lambda
+    off = B.cell_volume_rate_from_logs(x + math.log(2), k_max, n_boot=0)
+    assert off.log_total == pytest.approx(math.log(2), rel=1e-9)
+    assert off.rate == pytest.approx(res.rate, rel=1e-9)
+    raw = B.cell_volume_rate_from_logs(x + math.log(2), k_max, n_boot=0, normalize=False)
+    assert raw.rate == pytest.approx(res.rate - math.log(2), rel=1e-9)
+
+
+def test_rate_from_logs_sample_estimates_vocabulary_rate_with_covering_interval():
+    # vocabulary: 200,000 cells, log-shares spread over several nats (a real model's spread);
+    # 20 seeded samples of 1,000 tokens: lambda's 90% bootstrap interval covers the full
+    # vocabulary's lambda in most of them, and the point is within a few standard errors
+    V, n, k_max = 200_000, 1000, 8
+    rng = np.random.default_rng(7)
+    logf = rng.normal(0.0, 2.0, V)
+    logf -= special.logsumexp(logf)
+    truth = B.cell_volume_rate_from_logs(logf, k_max, n_boot=0, normalize=False).rate
+    assert truth > math.log(V) + 1.0  # unequal cells
+    cover, errs, ses, total_cover = [], [], [], []
+    for s in range(20):
+        idx = np.random.default_rng(100 + s).choice(V, n, replace=False)
+        r = B.cell_volume_rate_from_logs(logf[idx], k_max, vocab_size=V, n_boot=60, confidence=0.9,
+                                         seed=s, max_support=512)
+        assert r.token_sample and not r.normalized and r.ci_includes[0].startswith("token sampling")
+        cover.append(r.rate_ci[0] <= truth <= r.rate_ci[1])
+        errs.append(r.rate - truth)
+        ses.append(r.rate_bootstrap[1])
+        total_cover.append(r.log_total_ci[0] <= 0.0 <= r.log_total_ci[1])  # the true sum is 1
+    assert np.mean(cover) >= 0.7 and np.mean(total_cover) >= 0.6
+    assert 0.03 < np.median(ses) < 0.2  # about sd(log f) / sqrt(n) = 2 / 32
+    assert np.sqrt(np.mean(np.square(errs))) < 2 * np.median(ses)
+
+
+def test_rate_from_logs_per_token_error_enters_the_interval():
+    V, na, pa = 400, 120, 0.004
+    x, _ = _two_level(V, na, pa)
+    exact = B.cell_volume_rate_from_logs(x, 8, n_boot=30, seed=1)
+    assert exact.rate_ci[1] - exact.rate_ci[0] == pytest.approx(0.0, abs=1e-12)  # nothing random
+    assert exact.ci_includes == ["renormalisation (each replicate divided by its own estimated sum)"]
+    noisy = B.cell_volume_rate_from_logs(x, 8, log_lower=x - 1.0, log_upper=np.minimum(x + 1.0, 0),
+                                         n_boot=30, seed=1)
+    assert noisy.rate == exact.rate  # the point does not move
+    assert noisy.rate_ci[1] - noisy.rate_ci[0] > 0.01
+    assert any(p.startswith("per-token") for p in noisy.ci_includes)
+    assert noisy.rate_conservative <= noisy.rate_ci[0] + 1e-12
+
+
+def test_rate_from_logs_nan_outside_sample_unresolved_and_empty():
+    rng = np.random.default_rng(5)
+    V = 300
+    full = np.log(rng.dirichlet(np.ones(V)))
+    ids = np.sort(rng.choice(V, 60, replace=False))
+    arr = np.full(V, np.nan)
+    arr[ids] = full[ids]
+    a = B.cell_volume_rate_from_logs(arr, 6, n_boot=0)
+    b = B.cell_volume_rate_from_logs(full[ids], 6, vocab_size=V, n_boot=0)
+    assert a.vocab_size == V and a.n_tokens_used == 60 and a.rate == b.rate
+    # an unresolved token (nan with an upper end) counts with its upper end
+    x, hi = full[ids].copy(), full[ids] + 0.5
+    x[0] = np.nan
+    c = B.cell_volume_rate_from_logs(x, 6, log_upper=hi, vocab_size=V, n_boot=0)
+    d = B.cell_volume_rate_from_logs(np.r_[hi[0], full[ids][1:]], 6, vocab_size=V, n_boot=0)
+    assert c.n_unresolved == 1 and c.rate == d.rate
+    # an empty cell (-inf) is a share of 0: kept, it can only raise the median curve's slope
+    e = B.cell_volume_rate_from_logs(np.r_[-np.inf, full[1:]], 6, n_boot=0)
+    f = B.cell_volume_rate_from_logs(full, 6, n_boot=0)
+    assert e.n_empty == 1 and np.all(e.log_median <= f.log_median + 1e-12)
+
+
+def test_cell_volume_rate_accepts_cell_volumes(tmp_path):
+    from embgeom.supports import Ball as B_
+    from embgeom.cells import Decoder
+    from embgeom.volumes import cell_volumes
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((6, 3))
+    ball = B_.from_params(None, 1.0, dim=3)
+    cv = cell_volumes(Decoder(W), ball, 2000, seed=0, method="rare-event", tokens=None,
+                      n_chains=64, progress=False)
+    r = B.cell_volume_rate(cv, 6, n_boot=10)
+    ref = B.cell_volume_rate_from_logs(cv.log_fractions, 6, log_lower=cv.log_lower,
+                                       log_upper=cv.log_upper, n_boot=10)
+    assert r.rate == ref.rate and r.rate_ci == ref.rate_ci and r.zero_fill == "none"
+    sec = B.bounds_report_section({"hidden_size": 3, "vocab_size": 6}, {}, rinf=1.0, fractions=cv,
+                                  out_dir=tmp_path)
+    assert sec["rate_lambda"] == B.cell_volume_rate(cv, n_boot=1).rate
+    assert "per-token Monte Carlo error" in sec["markdown"]
+    cu = cell_volumes(Decoder(W), ball, 2000, seed=0, method="uniform", progress=False)
+    assert B.cell_volume_rate(cu, 6).rate == B.cell_volume_rate(cu.fractions, 6, lower=cu.lower,
+                                                                  upper=cu.upper, n_samples=2000).rate
+
+
+@pytest.mark.parametrize("kwargs,err", [
+    (dict(log_fractions=np.r_[0.5, np.full(9, -3.0)]), ValueError),  # a share above 1
+    (dict(log_fractions=np.r_[np.inf, np.full(9, -3.0)]), ValueError),
+    (dict(log_fractions=np.r_[np.nan, -1.0]), ValueError),  # one token with a figure
+    (dict(log_fractions=np.r_[np.nan, np.full(9, -3.0)], log_upper=np.full(10, np.nan)), ValueError),
+    (dict(log_fractions=np.full(10, -3.0), vocab_size=5), ValueError),
+    (dict(log_fractions=np.full(10, -3.0), log_lower=np.full(10, -2.0)), ValueError),
+    (dict(log_fractions=np.full(10, -3.0), log_upper=np.full(10, -4.0)), ValueError),
+    (dict(log_fractions=np.full(10, -3.0), log_upper=np.full(9, -2.0)), ValueError),
+    (dict(log_fractions=np.full(10, -np.inf)), ValueError),
+    (dict(log_fractions=np.full(10, -3.0), normalize="yes"), ValueError),
+    (dict(log_fractions=np.full(10, -3.0), confidence=1.0), ValueError),
+    (dict(log_fractions=np.full(10, -3.0), k_max=0), ValueError),
+    (dict(log_fractions=np.arange(10)), TypeError),
+])
+def test_rate_from_logs_bad_input(kwargs, err):
+    with pytest.raises(err):
+        B.cell_volume_rate_from_logs(**kwargs)
+
+
 @pytest.mark.parametrize("kwargs,err", [
     (dict(fractions=np.full(10, 0.2)), ValueError),  # sums to 2
     (dict(fractions=np.r_[-0.1, np.full(9, 1.1 / 9)]), ValueError),

@@ -38,6 +38,29 @@ def test_running_argmax_kernel_matches_numpy():
     np.testing.assert_array_equal(bv, z.max(axis=1))
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_argmax_fold_matches_numpy_and_numba_kernel(with_bias):
+    # what Decoder.assign folds with: numpy argmax per block, ties to the lowest id across blocks
+    rng = np.random.default_rng(2)
+    N, V, vb = 37, 50, 16
+    L = dyadic(rng, (N, V), -3, 3)  # many ties, inside and across blocks
+    b = dyadic(rng, V, -1, 1) if with_bias else np.zeros(V, np.float32)
+    bv, bi = np.full(N, -np.inf, np.float32), np.zeros(N, np.int64)
+    kv, ki = bv.copy(), bi.copy()
+    for v0 in range(0, V, vb):
+        blk = np.ascontiguousarray(L[:, v0 : v0 + vb])
+        _kernels.running_argmax_update(blk.copy(), b[v0 : v0 + vb], v0, kv, ki)
+        assert not _kernels.argmax_fold(blk, b[v0 : v0 + vb], v0, bv, bi, add_bias=with_bias)
+    z = L.astype(np.float64) + b
+    np.testing.assert_array_equal(bi, np.argmax(z, axis=1))
+    np.testing.assert_array_equal(bv, z.max(axis=1))
+    np.testing.assert_array_equal(bi, ki)
+    # a NaN logit (an overflowed product) is reported, not folded in silently
+    blk = np.ascontiguousarray(L[:, :vb])
+    blk[3, 5] = np.nan
+    assert _kernels.argmax_fold(blk, b[:vb], 0, np.full(N, -np.inf, np.float32), np.zeros(N, np.int64))
+
+
 def test_running_top2_kernel_matches_numpy():
     rng = np.random.default_rng(1)
     N, V, vb = 41, 33, 7

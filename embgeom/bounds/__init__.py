@@ -14,7 +14,7 @@ One concept per module:
   their own terms: ``Support.packing_bound_terms``), :func:`accessible_log_count`,
   :func:`slope_bound`, :func:`theorem45_log_count`.
 - ``_linear_law.py``: :func:`linear_law_slope`, :func:`n_star`, :func:`accessible_fraction_bound`.
-- ``_rate.py``: :class:`CellVolumeRate`, :func:`cell_volume_rate`.
+- ``_rate.py``: :class:`CellVolumeRate`, :func:`cell_volume_rate`, :func:`cell_volume_rate_from_logs`.
 - ``_unbounded.py``: :func:`log_multiset_count`, :func:`threshold_length_unbounded` (Cor. 4.10).
 - ``_published.py``: :data:`PUBLISHED`, the paper's numbers.
 
@@ -46,7 +46,7 @@ from ._packing import (
 )
 from ._precision import FORMAT_BITS, precision_eps
 from ._published import PUBLISHED
-from ._rate import CellVolumeRate, cell_volume_rate
+from ._rate import CellVolumeRate, cell_volume_rate, cell_volume_rate_from_logs
 from ._unbounded import log_multiset_count, threshold_length_unbounded
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "accessible_fraction_bound",
     "CellVolumeRate",
     "cell_volume_rate",
+    "cell_volume_rate_from_logs",
     "log_multiset_count",
     "threshold_length_unbounded",
 ]

@@ -66,7 +66,11 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         ``"cube"`` entry, the cube ``[-rinf, rinf]^d`` (Theorem 4.5's closed form).
     fractions, lower, upper : array_like of float, shape (|V|,), optional
         Cell shares and their interval ends; give lambda (:func:`embgeom.bounds.cell_volume_rate`)
-        and the refined slopes ``C log|V| / lambda``.
+        and the refined slopes ``C log|V| / lambda``. ``fractions`` may be an
+        :class:`embgeom.volumes.CellVolumes`: with rare-event log-shares lambda comes from them
+        (:func:`embgeom.bounds.cell_volume_rate_from_logs`, with its bootstrap interval; then
+        ``unresolved_share`` is the share of the *sampled* tokens the estimator left
+        unresolved), else from its uniform fractions and intervals.
     published_c_emp : float, optional
         A published empirical slope (tokens per prompt vector); ``c_emp`` wins when both given.
     out_dir : str or Path
@@ -135,7 +139,11 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     if fractions is not None:
         rate = cell_volume_rate(fractions, k_max, lower=lower, upper=upper, n_samples=n_samples)
         lam = rate.rate if np.isfinite(rate.rate) else None
-        if unresolved_share is None:
+        if rate.rate_ci is not None and rate.zero_fill == "none":
+            # lambda from log-shares (a token sample): what sets it is the share of the sampled
+            # tokens without a figure, not of the tokens outside the sample
+            unresolved_share = rate.n_unresolved / rate.n_tokens_used
+        elif unresolved_share is None:
             unresolved_share = float(np.mean(np.asarray(fractions) <= 0))
     usable, note = _lambda_usable(lam, unresolved_share)
     c = _c_emp(c_emp, published_c_emp)
@@ -267,9 +275,18 @@ def bounds_markdown(section: dict, *, d: int, V: int, kinds: dict, reasons: dict
     if section["paper_exceeds_rigorous"]:
         md += ["", paper_vs_rigorous_sentence(section, d)]
     if rate is not None:
+        if rate.rate_ci is not None:
+            how = (f"{round(100 * rate.ci_level)}% interval [{rate.rate_ci[0]:.4g}, "
+                   f"{rate.rate_ci[1]:.4g}] ({'; '.join(rate.ci_includes)}); from "
+                   + (f"a uniform sample of {rate.n_tokens_used:,} tokens'" if rate.token_sample
+                      else "every token's") + f" log-shares, {rate.n_unresolved} unresolved, "
+                   f"{rate.n_empty} proven empty")
+        else:
+            how = (f"{rate.n_zero:,} zero shares filled by {rate.zero_fill}"
+                   + (f", then renormalised (the filled sum was {math.exp(rate.log_total):.3g})"
+                      if rate.normalized and rate.n_zero else ""))
         md += ["", f"lambda = {rate.rate:.4g} nats/token (R^2 {rate.r2:.4f}; conservative "
-               f"{rate.rate_conservative:.4g}; {rate.n_zero:,} zero shares filled by "
-               f"{rate.zero_fill}) vs log|V| = {section['log_vocab']:.4g}: "
+               f"{rate.rate_conservative:.4g}; {how}) vs log|V| = {section['log_vocab']:.4g}: "
                + ("usable" if usable else "not usable") + f" ({section['lambda_note']})."]
     if ce:
         md += ["", f"C_emp = {ce:.4g} tokens per prompt vector ({section['c_emp_source']}); "

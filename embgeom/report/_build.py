@@ -335,8 +335,8 @@ def _bounds_phase(loaded, u, model_facts, fitted, geo, sup_section, cells_sectio
     reasons = {k: _rejection(k, e).split(": ", 1)[1] for k, e in sup_section.items()
                if isinstance(e, dict) and "kind" in e and e.get("heldout_valid") is False}
     return bounds_report_section(
-        model_facts, fitted, rinf=geo["rinf_max"], fractions=cv.fractions, lower=cv.lower,
-        upper=cv.upper, published_c_emp=published.get("c_emp"), out_dir=out, dtype=u.dtype,
+        model_facts, fitted, rinf=geo["rinf_max"], fractions=cv,
+        published_c_emp=published.get("c_emp"), out_dir=out, dtype=u.dtype,
         n_samples=cv.n_samples, valid=valid, c_emp=cram,
         unresolved_share=cells_section["unresolved_share"], reasons=reasons)
 

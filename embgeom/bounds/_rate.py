@@ -489,7 +489,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
 
     The same functional as :func:`cell_volume_rate` (draw ``k`` tokens uniformly, multiply
     their cell shares; ``-log`` of the median of the product grows by lambda per token;
-    THEORY.md, "non-uniform cells"), computed from log-shares such as the rare-event estimates
+    docs/theory.md, section 5), computed from log-shares such as the rare-event estimates
     of :func:`embgeom.volumes.cell_volumes` (``log_fractions``, ``log_lower``, ``log_upper``),
     with no zero filling: a share is used as estimated, ``-inf`` only for a cell proven empty.
 
@@ -551,7 +551,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     ``k`` i.i.d. draws of the log-share of a uniform token. With a uniform token sample, the
     sample's empirical distribution estimates that law, so the median curve is computed from
     the sample exactly as :func:`cell_volume_rate` does from the whole vocabulary (enumeration
-    for small ``k``, grid convolutions with a bracketing beyond; THEORY.md's definition draws
+    for small ``k``, grid convolutions with a bracketing beyond; the definition of docs/theory.md, section 5, draws
     with replacement, as the empirical law does). lambda is then a smooth functional of that
     law (about ``-E log f`` at large ``k``), estimated with an error of order
     ``sd(log f) / sqrt(n)``: about 2 nats / sqrt(1000) = 0.06 nats on SmolLM2.

@@ -573,7 +573,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     --------
     >>> import numpy as np
     >>> r = cell_volume_rate_from_logs(np.full(50, -np.log(50)), 8, n_boot=0)
-    >>> round(r.rate, 9) == round(np.log(50), 9)
+    >>> bool(round(r.rate, 9) == round(np.log(50), 9))
     True
     """
     x, lo, hi, V = _check_logs(log_fractions, log_lower, log_upper, vocab_size)

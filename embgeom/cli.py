@@ -309,7 +309,13 @@ def _executor(args, device=None):
         ex = executor_from_args(args, device=device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return None if args.executor == "local" else ex
+    if args.executor == "local":
+        return None
+    try:  # connect now, before the model loads: a wrong address fails in seconds, not minutes
+        ex.start()
+    except Exception as exc:  # Ray's ConnectionError and friends: the address is the user's
+        raise UsageError(f"--ray-address: cannot connect to the Ray cluster ({exc})") from None
+    return ex
 
 
 def _pass_executor(func, kwargs: dict, executor) -> None:

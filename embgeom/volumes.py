@@ -504,6 +504,10 @@ def cell_volumes(
         raise TypeError(f"decoder: expected an embgeom.cells.Decoder, got {type(decoder).__name__}")
     n_samples = check_positive_int(n_samples, "n_samples")
     batch_size = check_positive_int(batch_size, "batch_size")
+    from sklearn.utils.validation import check_is_fitted
+
+    if hasattr(type(support), "origin_ellipsoid_map") and hasattr(type(support), "fit"):
+        check_is_fitted(support)  # an unfitted Support: NotFittedError, not "not a Support"
     if not all(hasattr(support, a) for a in ("dim", "sample", "origin_ellipsoid_map")):
         raise TypeError(
             "support: expected a Support with .dim, .sample and .origin_ellipsoid_map, got "
@@ -517,6 +521,8 @@ def cell_volumes(
     if method not in ("auto", "uniform", "rare-event"):
         raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
     n_chains = check_positive_int(n_chains, "n_chains")
+    if not (isinstance(tokens, str) or tokens is None):  # bad ids are refused for every method
+        _token_sample(tokens, decoder.n_tokens, np.random.SeedSequence(0))
     G = None if method == "uniform" else support.origin_ellipsoid_map()
     why_not = None
     if method != "uniform" and (decoder.bias_ is not None or G is None):

@@ -197,3 +197,20 @@ def test_origin_ellipsoid_directions_match_the_exact_sector_shares():
     # an off-centre ellipsoid has no G: the estimator samples the support's points
     assert cell_volumes(dec, Ellipsoid.from_params(np.ones(2), np.eye(2)), 10, seed=0,
                         progress=False).sampling == "support"
+
+
+def test_unfitted_support_and_bad_token_ids_are_named():
+    """A fresh user's cases: an unfitted Ball is NotFittedError (not "not a Support"), and bad
+    token ids are refused whatever the method (they were ignored when rare-event did not run)."""
+    from sklearn.exceptions import NotFittedError
+
+    dec = Decoder(np.eye(3, dtype=np.float32))
+    with pytest.raises(NotFittedError):
+        cell_volumes(dec, Ball(), 100, progress=False)
+    ball = Ball.from_params(None, 1.0, dim=3)
+    for method in ("uniform", "auto"):
+        with pytest.raises(ValueError, match="tokens"):
+            cell_volumes(dec, ball, 100, method=method, tokens=[-1], progress=False)
+    box = Box.from_params(-np.ones(3), np.ones(3))
+    with pytest.raises(ValueError, match="tokens"):
+        cell_volumes(dec, box, 100, tokens=[5], progress=False)

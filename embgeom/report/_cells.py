@@ -59,21 +59,28 @@ def cell_log_shares(cv) -> dict:
     Returns
     -------
     dict
-        ``log_shares``, ``log_lower``, ``log_upper`` (float64 (|V|,)), ``unresolved`` (bool
-        (|V|,)), ``estimator`` (str).
+        ``log_shares``, ``log_lower``, ``log_upper`` (float64 (|V|,)), ``estimated`` (bool
+        (|V|,): the tokens given an estimate, all of them for the uniform estimator, the token
+        sample for the rare-event one), ``unresolved`` (bool (|V|,): estimated tokens without a
+        finite share), ``estimator`` (str).
     """
     lf = getattr(cv, "log_fractions", None)
     if lf is not None:
         lf = np.asarray(lf, dtype=np.float64)
         lo = np.asarray(getattr(cv, "log_lower", np.full_like(lf, np.nan)), dtype=np.float64)
         hi = np.asarray(getattr(cv, "log_upper", np.full_like(lf, np.nan)), dtype=np.float64)
-        method = getattr(cv, "method", None)
-        est = str(method) if isinstance(method, str) else "rare-event estimator"
-        return {"log_shares": lf, "log_lower": lo, "log_upper": hi,
-                "unresolved": ~np.isfinite(lf), "estimator": est}
+        tm = getattr(cv, "token_method", None)
+        estimated = (np.ones(lf.size, bool) if tm is None
+                     else np.asarray(tm) != "not estimated")
+        k = int(estimated.sum())
+        est = ("rare-event estimator" if k == lf.size else
+               f"rare-event estimator on a seeded uniform sample of {k:,} of {lf.size:,} tokens")
+        return {"log_shares": lf, "log_lower": lo, "log_upper": hi, "estimated": estimated,
+                "unresolved": estimated & ~np.isfinite(lf), "estimator": est}
     with np.errstate(divide="ignore"):
         return {"log_shares": np.log(cv.fractions), "log_lower": np.log(cv.lower),
-                "log_upper": np.log(cv.upper), "unresolved": cv.counts == 0,
+                "log_upper": np.log(cv.upper), "estimated": np.ones(cv.counts.size, bool),
+                "unresolved": cv.counts == 0,
                 "estimator": f"uniform Monte Carlo ({cv.sampling})"}
 
 
@@ -137,11 +144,15 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
     np.save(out / "cell_fractions.npy", cv.fractions)
     shares = cell_log_shares(cv)
     V = int(shares["log_shares"].size)
+    est = shares["estimated"]
+    n_est = int(est.sum())
     n_unres = int(shares["unresolved"].sum())
-    fig = figures.plot_cell_shares(shares["log_shares"], out / "cell_volumes.png",
-                                   log_lower=shares["log_lower"], log_upper=shares["log_upper"],
-                                   unresolved=shares["unresolved"], n_samples=cv.n_samples,
-                                   estimator=shares["estimator"])
+    fig = figures.plot_cell_shares(shares["log_shares"][est], out / "cell_volumes.png",
+                                   log_lower=shares["log_lower"][est],
+                                   log_upper=shares["log_upper"][est],
+                                   unresolved=shares["unresolved"][est],
+                                   n_samples=None if n_est < V else cv.n_samples,
+                                   estimator=shares["estimator"], vocab_size=V)
     un = None
     if unargmaxable == "full":
         res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress,
@@ -154,8 +165,9 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
         "unargmaxable": un,
         "duplicates": duplicate_rows(decoder, tokenizer),
         "estimator": shares["estimator"],
+        "n_estimated": n_est,
         "n_unresolved": n_unres,
-        "unresolved_share": n_unres / V,
+        "unresolved_share": n_unres / max(n_est, 1),
         "fractions_path": "cell_fractions.npy",
         "figure": Path(fig).name,
         "top": cv.top(top_k, tokenizer=tokenizer),
@@ -201,14 +213,24 @@ def cells_markdown(section: dict, support_name: str) -> str:
     """The cells section of report.md."""
     vol = section["volumes"]
     V = vol["n_tokens"]
-    lines = ["## Decoder cells", "",
-             f"Shares of the {V:,} decoder cells E_t (argmax of W h + b) in the "
-             f"`{support_name}` support: {section['estimator']}, {vol.get('n_samples', 0):,} "
-             f"samples, 95% {vol.get('interval', '')} intervals. The largest 1% of cells hold "
-             f"{fmt(section['top1pct_share'])} of the volume (uniform cells would hold 0.01); "
-             f"{section['n_unresolved']:,} cells ({100 * section['unresolved_share']:.1f}%) are "
-             "unresolved (no sample fell in them: only an upper bound on their share is known).",
-             "", unargmaxable_sentence(section)]
+    n_est = section.get("n_estimated", V)
+    if n_est < V:
+        shares = (f"Shares of the {V:,} decoder cells E_t (argmax of W h + b) in the "
+                  f"`{support_name}` support: {section['estimator']} (each share checked "
+                  f"against the full W, 95% intervals), {section['n_unresolved']:,} of them "
+                  "unresolved. The largest-cells table and the top-1% share below come from "
+                  f"{vol.get('n_samples', 0):,} uniform samples (95% {vol.get('interval', '')} "
+                  f"intervals): the largest 1% of cells hold {fmt(section['top1pct_share'])} of "
+                  "the volume (uniform cells would hold 0.01).")
+    else:
+        shares = (f"Shares of the {V:,} decoder cells E_t (argmax of W h + b) in the "
+                  f"`{support_name}` support: {section['estimator']}, "
+                  f"{vol.get('n_samples', 0):,} samples, 95% {vol.get('interval', '')} intervals. "
+                  f"The largest 1% of cells hold {fmt(section['top1pct_share'])} of the volume "
+                  f"(uniform cells would hold 0.01); {section['n_unresolved']:,} cells "
+                  f"({100 * section['unresolved_share']:.1f}%) are unresolved (no sample fell in "
+                  "them: only an upper bound on their share is known).")
+    lines = ["## Decoder cells", "", shares, "", unargmaxable_sentence(section)]
     un = section.get("unargmaxable")
     if un and un.get("undecided"):
         lines.append("Undecided token ids (LP time limit reached): "

@@ -18,7 +18,7 @@ tokens plus each token's Monte Carlo error), ``log|V|``, and the refined slopes
 ``C_refined = C_shape log|V| / lambda = log P / lambda`` for the origin ball (``ball_origin``,
 fitted to hidden states) and the final-norm shell, with the report's precision
 ``eps = precision_eps(r_inf, 11)`` (``r_inf`` = the largest |h_i| over the hidden states of
-the report's default sizes, sampled once and cached under ``runs/``). Each support's slope uses
+the report's default sizes, sampled once and cached under ``runs/hidden_cache``). Each support's slope uses
 that support's lambda when its run is complete; otherwise the result says which lambda stands in.
 Writes ``benchmarks/results/smollm2_lambda.json`` and ``benchmarks/results/smollm2_lambda.png``
 (histogram and rank plot of the log-shares).
@@ -28,6 +28,7 @@ Usage (from the repository root):
         --tokens 1000 > runs/smollm2_lambda_ball.log 2>&1 &
     ... --shell                   # the final-norm shell
     ... --summarize               # phase 2 only, from whatever the JSONL files hold
+    ... --out-dir benchmarks/results/smollm2_lambda   # the committed JSONL files (resume there)
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def summarize(args, lm, u) -> dict:
         }
     if not res["supports"]:
         raise SystemExit("no run file with tokens yet: run phase 1 first")
-    geo = hidden_geometry(lm, u, Path(args.out_dir) / "hidden_cache", args.sizes)
+    geo = hidden_geometry(lm, u, ROOT / "runs" / "hidden_cache", args.sizes)  # git-ignored
     res["geometry"] = geo
     res["C"] = {}
     for name in ("ball_origin", "final_norm"):

@@ -30,13 +30,14 @@ __all__ = ["Decoder", "UnargmaxableResult"]
 
 #: Default number of points per block of the blocked logits product (tuned on 2 cores, see
 #: ``benchmarks/bench_cell_volumes.py``).
-POINT_BLOCK = 1024
+POINT_BLOCK = 2048
 #: Default number of tokens per block: the (POINT_BLOCK, VOCAB_BLOCK) float32 logits buffer is
-#: 32 MiB. With the fold at numpy's SIMD argmax speed the product alone sets the pace, and
-#: OpenBLAS runs a (1024, 576) x (576, 8192) product about 1.2x faster than one 4096 tokens wide
-#: (SmolLM2's W on 2 cores, 1,139 -> 1,351 points/s in one interleaved run; 16,384 gains nothing
-#: more); see ``benchmarks/bench_cell_volumes.py --sweep``.
-VOCAB_BLOCK = 8192
+#: 128 MiB. With the fold at numpy's SIMD argmax speed the product alone sets the pace, and
+#: OpenBLAS runs wide products faster: on SmolLM2's W, 2 cores, one interleaved run per kernel,
+#: (2048, 16384) reached 0.94x (Haswell kernel, the machine's OPENBLAS_CORETYPE) and 0.89x
+#: (SkylakeX, unset) of the full-vocabulary blocked GEMM, against 0.87x and 0.76x for
+#: (1024, 8192) and 0.7x for the former (1024, 4096) with the numba fold.
+VOCAB_BLOCK = 16384
 
 _UNIT_ROUNDOFF32 = 2.0**-24
 #: Rows whose Cauchy-Schwarz bound on ``|W h + b|`` reaches this go to the float64 path.

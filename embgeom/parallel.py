@@ -37,6 +37,7 @@ https://numpy.org/doc/stable/reference/random/parallel.html.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import numbers
 import time
@@ -216,7 +217,7 @@ class _InOrder:
 # --------------------------------------------------------------------------------------------
 # executors
 # --------------------------------------------------------------------------------------------
-class Executor:
+class Executor(abc.ABC):
     """Runs a keyed map of independent tasks (base class of :class:`LocalExecutor` and
     :class:`RayExecutor`).
 
@@ -244,6 +245,7 @@ class Executor:
         self.close()
         return False
 
+    @abc.abstractmethod
     def map_keyed(self, fn, tasks, *, shared=None, kwargs=None, seed=None, on_result=None,
                   progress: bool = True, desc: str | None = None, num_cpus=None, num_gpus=None) -> dict:
         """Run ``fn`` once per task and return the results keyed by task.
@@ -290,7 +292,6 @@ class Executor:
             given twice, bad seed). An exception raised by a task propagates (Ray: as a
             ``RayTaskError`` that is also an instance of the task's exception class).
         """
-        raise NotImplementedError
 
 
 class LocalExecutor(Executor):

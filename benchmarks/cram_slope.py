@@ -25,9 +25,9 @@ What it does, with the library's own functions:
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/cram_slope.py runs/cram-smollm2-m1 runs/cram-smollm2-m2 \
-        runs/cram-smollm2-m3 [--report reports/smollm2-135m/report.json] \
-        [--plan 2:16,24,32,48 3:24,32,48,64 1:8,12,16,24] [--n-targets 8] [--n-boot 1000]
+    .venv/bin/python benchmarks/cram_slope.py benchmarks/results/smollm2_cram/m1 \
+        benchmarks/results/smollm2_cram/m2 benchmarks/results/smollm2_cram/m3 [--report reports/smollm2-135m/report.json] \
+        [--plan 1:8,12,16,20 2:16,24,32 3:28,36,44] [--n-targets 8] [--n-boot 1000]
 
 A folder that does not exist yet (its m not started) is reported as missing, not an error.
 """
@@ -50,10 +50,10 @@ from embgeom import _json  # noqa: E402
 from embgeom.cramming import AccessibilityCurve, fit_slope, n50, plot_n50  # noqa: E402
 from embgeom.cramming._curve import _read_jsonl, _settings_hash  # noqa: E402
 
-#: The background run of issue 14 (runs/cram_bg.sh): 1000 Adam steps, lr 1e-2, 8 targets per
-#: length, m = 2 first, then m = 3, then m = 1.
-DEFAULT_PLAN = {2: [16, 24, 32, 48], 3: [24, 32, 48, 64], 1: [8, 12, 16, 24]}
-DEFAULT_RUNS = [f"runs/cram-smollm2-m{m}" for m in (1, 2, 3)]
+#: The background run of issue 14 (benchmarks/run_smollm2_cram.sh): 1000 Adam steps, lr 1e-2,
+#: 8 targets per length, lengths bracketing each n50.
+DEFAULT_PLAN = {1: [8, 12, 16, 20], 2: [16, 24, 32], 3: [28, 36, 44]}
+DEFAULT_RUNS = [f"benchmarks/results/smollm2_cram/m{m}" for m in (1, 2, 3)]
 
 
 def _plan(specs) -> dict:
@@ -170,7 +170,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-targets", type=int, default=8)
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default="benchmarks/results/smollm2_cram_slope.json")
+    # "*cram_summary*.json" with "model", "n50" and "fit": `embgeom report --cram-summary auto`
+    # finds it and puts C_emp (all m together) next to the bounds
+    ap.add_argument("--json", default="benchmarks/results/smollm2_cram_summary.json")
     ap.add_argument("--png", default="benchmarks/results/smollm2_cram_slope.png")
     args = ap.parse_args(argv)
     plan = DEFAULT_PLAN if args.plan is None else _plan(args.plan)
@@ -243,6 +245,7 @@ def main(argv=None) -> int:
     if finite:
         png = plot_n50(finite, fit, args.png)
     result = {
+        "model": st.get("model", {}).get("name"),
         "runs": [str(p) for p in args.runs], "notes": notes, "plan": plan,
         "n_targets": args.n_targets, "n_boot": args.n_boot, "seed": args.seed,
         "settings": st, "settings_hash": meta and meta["settings_hash"],

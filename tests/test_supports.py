@@ -624,3 +624,23 @@ def test_no_shape_string_branching_outside_supports():
             if any(p.search(code) for p in patterns):
                 hits.append(f"{path.relative_to(root)}:{i}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+def test_support_base_is_abstract():
+    """Support is an abc.ABC: neither the base nor a shape missing a method can be made."""
+    from embgeom.supports import Support
+
+    with pytest.raises(TypeError, match="abstract"):
+        Support()
+
+    class NoGauge(Support):  # everything but the gauge
+        shape = "nogauge"
+        fit = Ball.fit
+        log_volume = Ball.log_volume
+        sample = Ball.sample
+        packing_bound_terms = Ball.packing_bound_terms
+        _params = Ball._params
+        scaled = Ball.scaled
+
+    with pytest.raises(TypeError, match="_gauge"):
+        NoGauge()

@@ -12,6 +12,7 @@ Gaussian measure), its LP description for the exact cell scan, its JSON form. No
 :mod:`embgeom.supports` reads a shape's name.
 """
 
+import abc
 import math
 import time
 from typing import NamedTuple
@@ -235,7 +236,7 @@ def check_scale_factor(factor) -> float:
 # --------------------------------------------------------------------------------------------
 # base class
 # --------------------------------------------------------------------------------------------
-class Support(OutlierMixin, BaseEstimator):
+class Support(OutlierMixin, BaseEstimator, abc.ABC):
     """Base class of every support: a bounded set in ``R^d`` as a scikit-learn outlier detector.
 
     Subclasses store their options in ``__init__``, implement ``fit(X, y=None)`` (set the set's
@@ -285,6 +286,10 @@ class Support(OutlierMixin, BaseEstimator):
     #: shape does not have are skipped)
     summary_keys: tuple = ("radius", "rinf", "half_angle", "paper_half_angle", "n_dropped", "ridge")
 
+    @abc.abstractmethod
+    def fit(self, X, y=None):
+        """Fit the set to hidden states ``X`` (N, d) float; returns ``self`` (see each shape)."""
+
     # -- fitted-state helpers ---------------------------------------------------------------
     def _check_fitted(self):
         check_is_fitted(self, "n_features_in_")
@@ -321,9 +326,9 @@ class Support(OutlierMixin, BaseEstimator):
         return int(self.n_features_in_)
 
     @property
-    def log_volume(self) -> float:  # pragma: no cover - overridden
+    @abc.abstractmethod
+    def log_volume(self) -> float:
         """Lebesgue volume of the set in ``R^d``, in nats (never overflows)."""
-        raise NotImplementedError(f"{type(self).__name__} does not define a volume")
 
     def _check_points(self, X, name: str = "X", *, allow_1d: bool = True) -> np.ndarray:
         self._check_fitted()
@@ -344,8 +349,9 @@ class Support(OutlierMixin, BaseEstimator):
             )
         return X
 
-    def _gauge(self, X: np.ndarray) -> np.ndarray:  # pragma: no cover - overridden
-        raise NotImplementedError(f"{type(self).__name__} does not define a gauge")
+    @abc.abstractmethod
+    def _gauge(self, X: np.ndarray) -> np.ndarray:
+        """The gauge of validated points ``X`` (N, d) float64: ``<= 1`` exactly inside."""
 
     # -- membership -------------------------------------------------------------------------
     def gauge(self, X) -> np.ndarray:
@@ -453,18 +459,18 @@ class Support(OutlierMixin, BaseEstimator):
         return np.where(self.decision_function(X) >= 0.0, 1, -1).astype(np.int64)
 
     # -- sampling ---------------------------------------------------------------------------
-    def sample(self, n: int, seed=None) -> np.ndarray:  # pragma: no cover - overridden
+    @abc.abstractmethod
+    def sample(self, n: int, seed=None) -> np.ndarray:
         """``n`` points uniform in the support (see each shape)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot sample")
 
     def _check_sample_args(self, n):
         self._check_fitted()
         return check_positive_int(n, "n")
 
     # -- what the rest of embgeom asks ------------------------------------------------------
-    def packing_bound_terms(self, eps) -> dict:  # pragma: no cover - overridden
+    @abc.abstractmethod
+    def packing_bound_terms(self, eps) -> dict:
         """Volumetric bounds on ``log P(self, eps)`` by name (nats); see each shape."""
-        raise NotImplementedError(f"{type(self).__name__} has no packing bounds")
 
     def origin_ellipsoid_map(self) -> np.ndarray | None:
         """The linear map ``G`` when the support is an origin-centred ellipsoid ``G B``, else None.
@@ -511,8 +517,9 @@ class Support(OutlierMixin, BaseEstimator):
         return None
 
     # -- JSON form --------------------------------------------------------------------------
-    def _params(self) -> dict:  # pragma: no cover - overridden
-        return {}
+    @abc.abstractmethod
+    def _params(self) -> dict:
+        """The set's parameters by name (arrays allowed), for :meth:`to_dict`."""
 
     def to_dict(self) -> dict:
         """A JSON-able summary: shape, dim, log_volume (nats), parameters and fit details.
@@ -556,6 +563,7 @@ class Support(OutlierMixin, BaseEstimator):
         return cls(quantile=quantile, solver=solver, **kw)
 
     # -- conformal calibration ----------------------------------------------------------------
+    @abc.abstractmethod
     def scaled(self, factor) -> "Support":
         """The sublevel set ``{x : gauge(x) <= factor}`` as a new ready support.
 
@@ -582,4 +590,3 @@ class Support(OutlierMixin, BaseEstimator):
         ValueError, TypeError
             ``factor <= 0``, NaN/inf or not a number; ``NotFittedError`` before a fit.
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot be scaled")

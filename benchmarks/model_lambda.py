@@ -1,10 +1,13 @@
-"""SmolLM2-135M's cell rate lambda from rare-event log-shares of a seeded uniform token sample.
+"""A real model's cell rate lambda from rare-event log-shares of a seeded uniform token sample.
+
+``--model`` picks the model (``smollm2-135m``, the default, or ``gemma-3-270m``, which needs the
+``gemma`` extra); file names start with its short name (``smollm2``, ``gemma3``).
 
 A resumable run. Phase 1 estimates each sampled token's log-share (the standard Gaussian
 measure of its decoder cone, :func:`embgeom._rare_event.log_cone_gaussian_measure`) for the
 origin ball (``G = I``) or, with ``--shell``, the final-norm shell (``G`` from the final norm's
 gain), in chunks of ``--chunk`` tokens; each finished chunk is appended to
-``runs/smollm2_lambda_<support>_c<chains>_s<seed>.jsonl`` (one line per token; ``runs/`` is
+``runs/<short>_lambda_<support>_c<chains>_s<seed>.jsonl`` (one line per token; ``runs/`` is
 git-ignored), so a rerun skips the tokens already there and resumes. Every token draws from
 its own seed (``SeedSequence(seed, spawn_key=(token,))``): a resumed run gives the same figures
 as an uninterrupted one.
@@ -20,15 +23,16 @@ fitted to hidden states) and the final-norm shell, with the report's precision
 ``eps = precision_eps(r_inf, 11)`` (``r_inf`` = the largest |h_i| over the hidden states of
 the report's default sizes, sampled once and cached under ``runs/hidden_cache``). Each support's slope uses
 that support's lambda when its run is complete; otherwise the result says which lambda stands in.
-Writes ``benchmarks/results/smollm2_lambda.json`` and ``benchmarks/results/smollm2_lambda.png``
+Writes ``benchmarks/results/<short>_lambda.json`` and ``benchmarks/results/<short>_lambda.png``
 (histogram and rank plot of the log-shares).
 
 Usage (from the repository root):
-    nohup nice -n 5 env HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/smollm2_lambda.py \
+    nohup nice -n 5 env HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/model_lambda.py \
         --tokens 1000 > runs/smollm2_lambda_ball.log 2>&1 &
     ... --shell                   # the final-norm shell
     ... --summarize               # phase 2 only, from whatever the JSONL files hold
     ... --out-dir benchmarks/results/smollm2_lambda   # the committed JSONL files (resume there)
+    ... --model gemma-3-270m --tokens 200 --out-dir benchmarks/results/gemma3_lambda
 """
 
 from __future__ import annotations
@@ -50,15 +54,20 @@ FIELDS = ("log_share", "log_lower", "log_upper", "std_err", "n_levels", "n_const
           "n_full_checks", "log_check_fraction", "seconds")
 
 
-def run_path(out_dir: Path, shell: bool, chains: int, seed: int) -> Path:
-    return out_dir / f"smollm2_lambda_{'shell' if shell else 'ball'}_c{chains}_s{seed}.jsonl"
+#: registry name -> short name used in file names and titles
+MODELS = {"smollm2-135m": ("smollm2", "SmolLM2-135M"), "gemma-3-270m": ("gemma3", "Gemma-3-270m")}
 
 
-def load_unembedding():
+def run_path(out_dir: Path, shell: bool, chains: int, seed: int, model: str = "smollm2-135m") -> Path:
+    short = MODELS[model][0]
+    return out_dir / f"{short}_lambda_{'shell' if shell else 'ball'}_c{chains}_s{seed}.jsonl"
+
+
+def load_unembedding(model: str = "smollm2-135m"):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from embgeom.adapters import load_model, unembedding
 
-    lm = load_model("smollm2-135m", progress=False)
+    lm = load_model(model, progress=False)
     return lm, unembedding(lm)
 
 
@@ -103,7 +112,7 @@ def run_phase1(args, u) -> Path:
 
     W, G = w_and_g(u, args.shell)
     V = W.shape[0]
-    path = run_path(Path(args.out_dir), args.shell, args.chains, args.seed)
+    path = run_path(Path(args.out_dir), args.shell, args.chains, args.seed, args.model)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = {"kind": "header", "support": "final-norm shell" if args.shell else "origin ball",
               "vocab_size": V, "chains": args.chains, "seed": args.seed, "token_seed": args.token_seed,
@@ -170,10 +179,10 @@ def summarize(args, lm, u) -> dict:
 
     V = int(u.to_dict()["vocab_size"])
     logV = math.log(V)
-    res = {"model": "smollm2-135m", "vocab_size": V, "log_vocab": logV, "supports": {}}
+    res = {"model": args.model, "vocab_size": V, "log_vocab": logV, "supports": {}}
     logs_for_plot = {}
     for shell in (False, True):
-        path = run_path(Path(args.out_dir), shell, args.chains, args.seed)
+        path = run_path(Path(args.out_dir), shell, args.chains, args.seed, args.model)
         header, rows = read_run(path)
         if not rows:
             continue
@@ -228,7 +237,7 @@ def summarize(args, lm, u) -> dict:
     return res, logs_for_plot
 
 
-def plot(logs: dict, path: Path, logV: float) -> None:
+def plot(logs: dict, path: Path, logV: float, title: str = "SmolLM2-135M") -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4.2))
@@ -245,13 +254,14 @@ def plot(logs: dict, path: Path, logV: float) -> None:
     a2.set_xlabel("rank among sampled tokens")
     a2.set_ylabel("log share (nats)")
     a2.legend(fontsize=8)
-    fig.suptitle("SmolLM2-135M: rare-event log-shares of a uniform token sample")
+    fig.suptitle(f"{title}: rare-event log-shares of a uniform token sample")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", choices=sorted(MODELS))
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--chunk", type=int, default=20)
     ap.add_argument("--chains", type=int, default=128)
@@ -265,9 +275,12 @@ def main(argv=None):
     ap.add_argument("--sizes", default="default", choices=("default", "quick"),
                     help="REPORT_SIZES preset of the hidden states behind r_inf and the origin ball")
     ap.add_argument("--out-dir", default=str(ROOT / "runs"))
-    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "smollm2_lambda.json"))
+    ap.add_argument("--results", default=None,
+                    help="result JSON (default: benchmarks/results/<short>_lambda.json)")
     args = ap.parse_args(argv)
-    lm, u = load_unembedding()
+    if args.results is None:
+        args.results = str(ROOT / "benchmarks" / "results" / f"{MODELS[args.model][0]}_lambda.json")
+    lm, u = load_unembedding(args.model)
     if not args.summarize:
         path = run_phase1(args, u)
         _, rows = read_run(path)
@@ -277,7 +290,7 @@ def main(argv=None):
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
-    plot(logs, png, res["log_vocab"])
+    plot(logs, png, res["log_vocab"], MODELS[args.model][1])
     res["figure"] = png.name
     with open(out, "w") as fh:
         json.dump(res, fh, indent=2, default=float)

@@ -368,10 +368,10 @@ def _cram_kwargs(args) -> dict:
                     adaptive=args.lengths is None or args.adaptive, device=d["device"],
                     start_token=args.start_token, precision=d["precision"],
                     weight_decay=d["weight_decay"], patience=d["patience"])
-    from ._cram_protocol import paper_protocol, run_cram_kwargs
-
     if args.adaptive:
         raise UsageError("--adaptive: the paper protocol runs a fixed grid of lengths")
+    from ._cram_protocol import paper_protocol, run_cram_kwargs
+
     kw = run_cram_kwargs(paper_protocol(str(args.model)))
     renamed = {"mem": "mems"}
     for k, v in given.items():

@@ -521,6 +521,7 @@ def cell_volumes(
     if method not in ("auto", "uniform", "rare-event"):
         raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
     n_chains = check_positive_int(n_chains, "n_chains")
+    rare_event_options = _check_rare_event_options(rare_event_options)
     if not (isinstance(tokens, str) or tokens is None):  # bad ids are refused for every method
         _token_sample(tokens, decoder.n_tokens, np.random.SeedSequence(0))
     G = None if method == "uniform" else support.origin_ellipsoid_map()
@@ -597,6 +598,30 @@ def _concat_measures(parts: list) -> ConeMeasure:
     return ConeMeasure(**arrays, confidence=first.confidence, params=first.params)
 
 
+#: keys of ``rare_event_options`` that cell_volumes sets itself
+_RARE_EVENT_OWN = ("W", "seed", "confidence", "n_chains", "G", "token_ids", "progress")
+
+
+def _check_rare_event_options(options) -> dict:
+    """``rare_event_options`` as a dict of the estimator's tuning keywords, or ValueError/TypeError."""
+    import inspect
+
+    from ._rare_event import log_cone_gaussian_measure
+
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"rare_event_options must be a dict or None, got {type(options).__name__}")
+    allowed = [k for k in inspect.signature(log_cone_gaussian_measure).parameters
+               if k not in _RARE_EVENT_OWN]
+    for key in options:
+        if key in _RARE_EVENT_OWN:
+            raise ValueError(f"rare_event_options: {key!r} is set by cell_volumes itself")
+        if key not in allowed:
+            raise ValueError(f"rare_event_options: unknown option {key!r}; expected one of {allowed}")
+    return dict(options)
+
+
 def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, n_chains,
                      confidence, options, progress, executor="local"):
     """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens.
@@ -605,10 +630,7 @@ def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, 
     ``G`` shipped once); every token draws from its own seed, so the figures are the same for
     every executor and chunking.
     """
-    opts = dict(options or {})
-    for key in ("seed", "confidence", "n_chains", "G", "token_ids", "progress"):
-        if key in opts:
-            raise ValueError(f"rare_event_options: {key!r} is set by cell_volumes itself")
+    opts = _check_rare_event_options(options)
     tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)
              for k, j in enumerate(range(0, ids.size, RARE_EVENT_CHUNK))}
     with executor_scope(executor) as ex:

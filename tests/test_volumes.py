@@ -168,6 +168,14 @@ def test_bad_input():
     with pytest.raises(ValueError, match="interval"):
         cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 10, interval="normal", progress=False)
 
+    ball3 = Ball.from_params(None, 1.0, dim=3)
+    with pytest.raises(ValueError, match=r"rare_event_options: unknown option 'n_chain'; expected one of \['n_groups'"):
+        cell_volumes(dec, ball3, 10, rare_event_options={"n_chain": 8}, progress=False)
+    with pytest.raises(ValueError, match="rare_event_options: 'seed' is set by cell_volumes"):
+        cell_volumes(dec, ball3, 10, rare_event_options={"seed": 1}, progress=False)
+    with pytest.raises(TypeError, match="rare_event_options must be a dict"):
+        cell_volumes(dec, ball3, 10, rare_event_options=[("n_groups", 4)], progress=False)
+
     class NaNSupport(TinyBall):
         def sample(self, n, seed=None):
             return np.full((n, self.dim), np.nan)

@@ -18,6 +18,7 @@ Sec. 4 (decoder cells); unargmaxable tokens: Grivas et al., ACL 2022; Demeter et
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,11 +33,12 @@ __all__ = ["Decoder", "UnargmaxableResult"]
 #: ``benchmarks/bench_cell_volumes.py``).
 POINT_BLOCK = 2048
 #: Default number of tokens per block: the (POINT_BLOCK, VOCAB_BLOCK) float32 logits buffer is
-#: 128 MiB. With the fold at numpy's SIMD argmax speed the product alone sets the pace, and
-#: OpenBLAS runs wide products faster: on SmolLM2's W, 2 cores, one interleaved run per kernel,
-#: (2048, 16384) reached 0.94x (Haswell kernel, the machine's OPENBLAS_CORETYPE) and 0.89x
-#: (SkylakeX, unset) of the full-vocabulary blocked GEMM, against 0.87x and 0.76x for
-#: (1024, 8192) and 0.7x for the former (1024, 4096) with the numba fold.
+#: 128 MiB, kept between calls (one per thread, see ``Decoder._scratch_buffer``). With the fold
+#: at numpy's SIMD argmax speed the product alone sets the pace: on SmolLM2's W, 2 cores, one
+#: interleaved run (``benchmarks/bench_cell_volumes.py``, background jobs paused), assign ran at
+#: 0.95x of the best full-vocabulary blocked GEMM alone and 0.97x of blocked matmul + argmax;
+#: (1024, 16384), (512, 49152) and (4096, 16384) all gave 0.94x. Allocating the buffer per call
+#: instead (page faults on first touch) gave 0.73x.
 VOCAB_BLOCK = 16384
 
 _UNIT_ROUNDOFF32 = 2.0**-24
@@ -83,8 +85,9 @@ class Decoder:
     bias : array_like of float, shape (n_tokens,), optional
         The output bias ``b``. ``None`` (default) means ``b = 0``: every cell is then a cone.
     point_block, vocab_block : int, optional
-        Block sizes of the blocked product (points per block, tokens per block). The defaults
-        keep one float32 logits block in cache.
+        Block sizes of the blocked product (points per block, tokens per block). Each thread
+        that calls the decoder keeps one float32 logits buffer of ``point_block * vocab_block``
+        entries between calls (128 MiB at the defaults; it is not pickled).
 
     Attributes
     ----------
@@ -145,6 +148,7 @@ class Decoder:
         self._nearest_bias = None
         self._row_norm_max = None
         self._bias_abs_max = 0.0
+        self._scratch = threading.local()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -206,6 +210,7 @@ class Decoder:
         """Pickle without the cached zero and nearest-neighbour biases (rebuilt on first use)."""
         state = self.__dict__.copy()
         state["_zero_bias"] = state["_nearest_bias"] = None
+        state.pop("_scratch", None)  # per-thread buffers: neither picklable nor worth shipping
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -368,6 +373,18 @@ class Decoder:
         return out
 
     # ------------------------------------------------------------------ blocked product
+    def _scratch_buffer(self, size: int) -> np.ndarray:
+        """This thread's flat float32 logits buffer of at least ``size`` entries, kept between
+        calls: a fresh 128 MiB ``np.empty`` per call costs its page faults on first touch, which
+        measured 25% of a 2,048-point ``assign`` on SmolLM2 (``benchmarks/bench_cell_volumes.py``)."""
+        local = self.__dict__.get("_scratch")
+        if local is None:  # unpickled, or built by a subclass that skipped __init__
+            local = self._scratch = threading.local()
+        buf = getattr(local, "buf", None)
+        if buf is None or buf.size < size:
+            buf = local.buf = np.empty(size, dtype=np.float32)
+        return buf
+
     def _scan(self, H: np.ndarray, bias: np.ndarray, top2: bool, W: np.ndarray | None = None, *,
               exps=None, skip=None):
         """Blocked ``H @ W.T`` folded into a running argmax (or top-2) per point.
@@ -387,7 +404,7 @@ class Decoder:
             best_idx.fill(-1)
             second_val = np.full(N, -np.inf, dtype=np.float32)
             second_idx = np.full(N, -1, dtype=np.int64)
-        bufs: dict = {}
+        flat = self._scratch_buffer(nb * vb)
         has_bias = bool(np.any(bias))  # a zero bias skips one pass over every block
         nan_rows = False
         for p0 in range(0, N, nb):
@@ -404,10 +421,7 @@ class Decoder:
             rows = xb.shape[0]
             for v0 in range(0, V, vb):
                 wb = W[v0 : v0 + vb]
-                shape = (rows, wb.shape[0])
-                buf = bufs.get(shape)
-                if buf is None:
-                    buf = bufs[shape] = np.empty(shape, dtype=np.float32)
+                buf = flat[: rows * wb.shape[0]].reshape(rows, wb.shape[0])  # C-contiguous view
                 np.matmul(xb, wb.T, out=buf)
                 if top2:
                     _kernels.running_top2_update(

@@ -353,3 +353,27 @@ def test_from_unembedding_uses_the_models_logit_scale():
     scaled, plain = Decoder.from_unembedding(u), Decoder(W)
     np.testing.assert_array_equal(scaled.assign(H), plain.assign(H))
     np.testing.assert_allclose(scaled.margins(H), s * plain.margins(H), rtol=1e-5, atol=1e-7)
+
+
+def test_scratch_buffer_is_per_thread_reused_and_not_pickled():
+    """The logits buffer kept between calls: reused by a thread, private to it (two threads
+    assigning different points at once get numpy's answers), and left out of a pickle."""
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((3000, 16)).astype(np.float32)
+    dec = Decoder(W, point_block=64, vocab_block=1000)
+    X = [rng.standard_normal((700, 16)).astype(np.float32) for _ in range(8)]
+    want = [(x @ W.T).argmax(axis=1) for x in X]
+    dec.assign(X[0])
+    first = dec._scratch.buf
+    dec.assign(X[1])
+    assert dec._scratch.buf is first and first.size == 64 * 1000
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(dec.assign, X * 4))
+    for g, w in zip(got, want * 4):
+        np.testing.assert_array_equal(g, w)
+    dec2 = pickle.loads(pickle.dumps(dec))
+    assert "_scratch" not in dec2.__dict__ or not hasattr(dec2._scratch, "buf")
+    np.testing.assert_array_equal(dec2.assign(X[2]), want[2])

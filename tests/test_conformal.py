@@ -98,6 +98,10 @@ def test_scale_factor_is_the_order_statistic_by_hand(shape, kw):
     # exactly k of the calibration points are inside (continuous gauges: no ties)
     assert int(C.contains(H[cal], tol=1e-12).sum()) == k
     assert C.calibration_["log_volume_raw"] == pytest.approx(raw.log_volume)
+    # the fit's record travels with the calibrated set
+    d = C.to_dict()
+    assert d["n_samples"] == 240 and d["n_fit"] == raw.n_fit_ == 240 - n_cal - raw.n_dropped_
+    assert d["solver"] == f"{raw.solver_} + conformal"
 
 
 @pytest.mark.parametrize("shape", ["ball", "box", "ellipsoid"])

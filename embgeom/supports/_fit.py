@@ -99,7 +99,16 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
     H = check_hidden(H, "H")
     fit_idx, cal_idx = split_for_calibration(H.shape[0], calibration_fraction, seed)
     conformal_rank(cal_idx.size, calibrate)  # a split too small for the level fails before the fit
-    out = calibrate_support(est.fit(H[fit_idx]), H[cal_idx], calibrate)
+    est.fit(H[fit_idx])
+    out = calibrate_support(est, H[cal_idx], calibrate)
     out.calibration_["calibration_fraction"] = float(calibration_fraction)
     out.calibration_["n_fit"] = int(fit_idx.size)
+    # the fit's own record, so to_dict() says how the set was made (the rows given, the rows
+    # the shape was fitted on after trimming, the solver, then the conformal scaling)
+    out.n_samples_ = int(H.shape[0])
+    out.n_fit_ = est.n_fit_
+    out.n_dropped_ = est.n_dropped_
+    out.quantile_ = est.quantile_
+    out.solver_ = f"{est.solver_} + conformal"
+    out.fit_seconds_ = est.fit_seconds_
     return out

@@ -95,16 +95,9 @@ def load_w(path, shell: bool):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from embgeom.adapters import load_model, unembedding
 
-    u = unembedding(load_model("smollm2-135m"))
-    W = Decoder.from_unembedding(u).W_
-    G = None
-    if shell:
-        from embgeom.supports import support_from_final_norm
+    from model_lambda import w_and_g  # benchmarks/ is on sys.path when this runs as a script
 
-        G = support_from_final_norm(u).origin_ellipsoid_map()
-        if G is None:
-            raise SystemExit("the final-norm shell has a bias: its cells are not cones")
-    return W, G
+    return w_and_g(unembedding(load_model("smollm2-135m")), shell)
 
 
 def uniform_throughput(W, n: int = 2048) -> float:

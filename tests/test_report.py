@@ -440,3 +440,14 @@ def test_report_end_to_end_on_smollm2(smollm2, tmp_path):
     md = (out / "report.md").read_text()
     assert md.index("## Answer") < md.index("## Packing bounds")
     assert rep["summary_lines"][0].startswith("embgeom report: smollm2-135m")
+
+
+def test_cell_shares_title_counts_unresolved_among_the_cells_drawn():
+    """2 unresolved of a 1,000-token sample is 0.2% of the sample (it once read 0.0%: 2/|V|)."""
+    from embgeom.report.figures import _cell_shares_title
+
+    t = _cell_shares_title("rare-event", None, 2, 1000, 49152)
+    assert t.endswith("\n0.2% of the sampled cells unresolved")
+    assert _cell_shares_title("uniform Monte Carlo", 100_000, 34124, 49152, 49152).endswith(
+        ", 100,000 samples\n69.4% of cells unresolved")
+    assert "\n" not in _cell_shares_title("rare-event", None, 0, 1000, 49152)

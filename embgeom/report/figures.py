@@ -123,6 +123,18 @@ def plot_support_volumes(rows: list[dict], path) -> str:
     return _save(fig, path)
 
 
+def _cell_shares_title(estimator: str, n_samples, n_unres: int, k: int, V: int) -> str:
+    """Title of :func:`plot_cell_shares`: the unresolved share is of the ``k`` cells drawn (the
+    vocabulary, or a token sample of it), never of ``|V|`` for a sample."""
+    title = f"Decoder cell shares, {estimator}"
+    if n_samples:
+        title += f", {n_samples:,} samples"
+    if n_unres:
+        what = "cells" if k == V else "the sampled cells"
+        title += f"\n{100 * n_unres / k:.1f}% of {what} unresolved"
+    return title
+
+
 def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unresolved=None,
                      n_samples: int | None = None, estimator: str = "uniform Monte Carlo",
                      vocab_size: int | None = None) -> str:
@@ -191,12 +203,7 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     ax.set_xlabel("rank of the cell (largest first)" if k == V else
                   f"estimated rank in the vocabulary (rank in the sample x |V|/{k:,})")
     ax.set_ylabel("log10 share of the support")
-    title = f"Decoder cell shares, {estimator}"
-    if n_samples:
-        title += f", {n_samples:,} samples"
-    if n_unres:
-        title += f"\n{100 * n_unres / V:.1f}% of cells unresolved"
-    ax.set_title(title, fontsize=10)
+    ax.set_title(_cell_shares_title(estimator, n_samples, n_unres, k, V), fontsize=10)
     ax.legend(fontsize=7.5, loc="lower left")
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path)

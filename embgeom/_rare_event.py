@@ -491,6 +491,33 @@ def _check_tokens(token_ids, V: int) -> np.ndarray:
     return t.astype(np.int64)
 
 
+def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k,
+                    n_probes, min_full_fraction, max_levels, confidence, move, working_set,
+                    seed) -> tuple:
+    """The tuning settings of :func:`log_cone_gaussian_measure`, checked (ValueError/TypeError
+    naming the argument); also called by :func:`embgeom.cell_volumes` before its uniform pass."""
+    n_chains = check_positive_int(n_chains, "n_chains")
+    n_groups = check_positive_int(n_groups, "n_groups", minimum=2)
+    if n_chains % n_groups or n_chains // n_groups < 2:
+        raise ValueError(f"n_chains: expected a multiple of n_groups={n_groups} with >= 2 chains per group, got {n_chains}")
+    level_prob = check_probability(level_prob, "level_prob", open_right=True)
+    n_moves = check_positive_int(n_moves, "n_moves")
+    max_constraints = check_positive_int(max_constraints, "max_constraints")
+    probe_k = check_positive_int(probe_k, "probe_k")
+    n_probes = min(check_positive_int(n_probes, "n_probes", minimum=0), n_groups)
+    min_full_fraction = check_probability(min_full_fraction, "min_full_fraction")
+    max_levels = check_positive_int(max_levels, "max_levels")
+    confidence = check_probability(confidence, "confidence", open_right=True)
+    if move not in ("hmc", "ess"):
+        raise ValueError(f"move: expected 'hmc' or 'ess', got {move!r}")
+    if working_set not in ("auto", True, False):
+        raise ValueError(f"working_set: expected 'auto', True or False, got {working_set!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise TypeError(f"seed: expected None or an int, got {type(seed).__name__}")
+    return (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
+            min_full_fraction, max_levels, confidence)
+
+
 def log_cone_gaussian_measure(
     W,
     token_ids=None,
@@ -621,28 +648,12 @@ def log_cone_gaussian_measure(
             raise ValueError("G: expected a non-zero linear map")
         WG32 = np.ascontiguousarray(W32.astype(np.float64) @ (U[:, :r] * sv[:r]), dtype=np.float32)
     tokens = _check_tokens(token_ids, V)
-    n_chains = check_positive_int(n_chains, "n_chains")
-    n_groups = check_positive_int(n_groups, "n_groups", minimum=2)
-    if n_chains % n_groups or n_chains // n_groups < 2:
-        raise ValueError(f"n_chains: expected a multiple of n_groups={n_groups} with >= 2 chains per group, got {n_chains}")
-    level_prob = check_probability(level_prob, "level_prob")
-    if level_prob >= 1.0:
-        raise ValueError("level_prob: expected a number in (0, 1)")
-    n_moves = check_positive_int(n_moves, "n_moves")
-    max_constraints = check_positive_int(max_constraints, "max_constraints")
-    probe_k = check_positive_int(probe_k, "probe_k")
-    n_probes = min(check_positive_int(n_probes, "n_probes", minimum=0), n_groups)
-    min_full_fraction = check_probability(min_full_fraction, "min_full_fraction")
-    max_levels = check_positive_int(max_levels, "max_levels")
-    confidence = check_probability(confidence, "confidence")
-    if confidence >= 1.0:
-        raise ValueError("confidence: expected a number in (0, 1)")
-    if move not in ("hmc", "ess"):
-        raise ValueError(f"move: expected 'hmc' or 'ess', got {move!r}")
-    if working_set not in ("auto", True, False):
-        raise ValueError(f"working_set: expected 'auto', True or False, got {working_set!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise TypeError(f"seed: expected None or an int, got {type(seed).__name__}")
+    (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
+     min_full_fraction, max_levels, confidence) = _check_settings(
+        n_chains=n_chains, n_groups=n_groups, level_prob=level_prob, n_moves=n_moves,
+        max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
+        min_full_fraction=min_full_fraction, max_levels=max_levels, confidence=confidence,
+        move=move, working_set=working_set, seed=seed)
     entropy = np.random.SeedSequence(seed).entropy
 
     row_sq = np.einsum("ij,ij->i", WG32, WG32, dtype=np.float64)

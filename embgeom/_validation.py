@@ -206,16 +206,25 @@ def check_positive_int(x, name: str, *, minimum: int = 1) -> int:
     return v
 
 
-def check_probability(x, name: str, *, open_left: bool = True) -> float:
-    """Return ``x`` as a float in (0, 1] (or [0, 1] with ``open_left=False``).
+def check_probability(x, name: str, *, open_left: bool = True, open_right: bool = False) -> float:
+    """Return ``x`` as a float in (0, 1] (``[0`` with ``open_left=False``, ``1)`` with
+    ``open_right=True``); a value outside gets one message naming the whole interval.
 
     Raises
     ------
-    TypeError, ValueError
+    TypeError
+        Not a real number.
+    ValueError
+        NaN/inf, or outside the interval.
     """
-    v = check_positive(x, name, allow_zero=not open_left)
-    if v > 1:
-        raise ValueError(f"{name}: expected a number in (0, 1], got {v}")
+    if isinstance(x, bool) or not isinstance(x, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}")
+    v = float(x)
+    low_ok = v > 0 or (v == 0 and not open_left)
+    high_ok = v < 1 or (v == 1 and not open_right)
+    if not (np.isfinite(v) and low_ok and high_ok):
+        interval = ("(" if open_left else "[") + "0, 1" + (")" if open_right else "]")
+        raise ValueError(f"{name}: expected a number in {interval}, got {v}")
     return v
 
 

@@ -74,9 +74,7 @@ def wilson_interval(successes, trials, confidence: float = 0.95):
         raise ValueError("successes, trials: expected finite numbers")
     if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
         raise ValueError("successes, trials: expected 0 <= successes <= trials and trials >= 1")
-    conf = check_probability(confidence, "confidence")
-    if conf >= 1.0:
-        raise ValueError("confidence: expected a number in (0, 1)")
+    conf = check_probability(confidence, "confidence", open_right=True)
     z = stats.norm.ppf(0.5 + conf / 2)
     p = k / n
     denom = 1 + z * z / n
@@ -117,9 +115,7 @@ def binomial_interval(counts, n: int, confidence: float = 0.95, method: str = "c
     from scipy import stats
 
     n = check_positive_int(n, "n")
-    conf = check_probability(confidence, "confidence")
-    if conf >= 1.0:
-        raise ValueError("confidence: expected a number in (0, 1)")
+    conf = check_probability(confidence, "confidence", open_right=True)
     k = np.asarray(counts)
     if k.dtype.kind not in "iu":
         raise TypeError(f"counts: expected integers, got dtype {k.dtype}")
@@ -475,7 +471,8 @@ def cell_volumes(
         sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
         to ``AUTO_ALL_TOKENS`` tokens, else a sample of ``AUTO_TOKEN_SAMPLE``.
     n_chains : int, default 128
-        Rare-event chains per token (the per-token budget; a multiple of 16). The standard
+        Rare-event chains per token (the per-token budget; a multiple of
+        ``n_groups``, 16 by default, with at least 2 chains per group: 32 or more). The standard
         error of each log-share is about 0.5 nats at 128 on SmolLM2 (coarse per token, ample
         for lambda and the histogram over a token sample).
     rare_event_options : dict, optional
@@ -521,7 +518,6 @@ def cell_volumes(
     if method not in ("auto", "uniform", "rare-event"):
         raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
     n_chains = check_positive_int(n_chains, "n_chains")
-    rare_event_options = _check_rare_event_options(rare_event_options)
     if not (isinstance(tokens, str) or tokens is None):  # bad ids are refused for every method
         _token_sample(tokens, decoder.n_tokens, np.random.SeedSequence(0))
     G = None if method == "uniform" else support.origin_ellipsoid_map()
@@ -532,6 +528,8 @@ def cell_volumes(
         if method == "rare-event":
             raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
                              f"centre, but {why_not}; use method='uniform' or 'auto'")
+    if method != "uniform" and why_not is None:
+        rare_event_options = _check_rare_event_options(rare_event_options, n_chains, confidence)
     root = seed_sequence(seed)
     try:
         log_vol = float(support.log_volume)
@@ -602,23 +600,28 @@ def _concat_measures(parts: list) -> ConeMeasure:
 _RARE_EVENT_OWN = ("W", "seed", "confidence", "n_chains", "G", "token_ids", "progress")
 
 
-def _check_rare_event_options(options) -> dict:
-    """``rare_event_options`` as a dict of the estimator's tuning keywords, or ValueError/TypeError."""
+def _check_rare_event_options(options, n_chains: int, confidence: float) -> dict:
+    """``rare_event_options`` as a dict of the estimator's tuning keywords, checked together with
+    ``n_chains`` and ``confidence`` before any sampling (ValueError/TypeError)."""
     import inspect
 
-    from ._rare_event import log_cone_gaussian_measure
+    from ._rare_event import _check_settings, log_cone_gaussian_measure
 
     if options is None:
-        return {}
+        options = {}
     if not isinstance(options, dict):
         raise TypeError(f"rare_event_options must be a dict or None, got {type(options).__name__}")
-    allowed = [k for k in inspect.signature(log_cone_gaussian_measure).parameters
-               if k not in _RARE_EVENT_OWN]
+    params = inspect.signature(log_cone_gaussian_measure).parameters
+    allowed = [k for k in params if k not in _RARE_EVENT_OWN]
     for key in options:
         if key in _RARE_EVENT_OWN:
             raise ValueError(f"rare_event_options: {key!r} is set by cell_volumes itself")
         if key not in allowed:
             raise ValueError(f"rare_event_options: unknown option {key!r}; expected one of {allowed}")
+    checked = inspect.signature(_check_settings).parameters
+    settings = {k: options.get(k, params[k].default) for k in checked}
+    settings.update(n_chains=n_chains, confidence=confidence)
+    _check_settings(**settings)  # e.g. n_chains not a multiple of n_groups: now, not after the uniform pass
     return dict(options)
 
 
@@ -630,7 +633,7 @@ def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, 
     ``G`` shipped once); every token draws from its own seed, so the figures are the same for
     every executor and chunking.
     """
-    opts = _check_rare_event_options(options)
+    opts = dict(options or {})  # checked by cell_volumes before the uniform pass
     tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)
              for k, j in enumerate(range(0, ids.size, RARE_EVENT_CHUNK))}
     with executor_scope(executor) as ex:

@@ -136,8 +136,13 @@ def test_calibrate_support_errors():
         calibrate_support("ball", _data(rng, 10), 0.1)
     with pytest.raises(ValueError, match="calibration_fraction"):
         fit_support(_data(rng, 50), "ball", calibrate=0.1, calibration_fraction=1.0)
-    with pytest.raises(ValueError, match="at least 99"):  # before any fit
-        fit_support(_data(rng, 100), "ball", calibrate=0.01)
+    with pytest.raises(ValueError, match=r"calibrate=0.01, calibration_fraction=0.5 \(50 of 100 rows\).*at least 99"):
+        fit_support(_data(rng, 100), "ball", calibrate=0.01)  # before any fit
+    for bad in (0, 1.0, 1.5, -0.1, float("nan")):  # one message, naming the user's argument
+        with pytest.raises(ValueError, match=r"^calibrate: expected a number in \(0, 1\), got"):
+            fit_support(_data(rng, 100), "ball", calibrate=bad)
+    with pytest.raises(TypeError, match="calibrate: expected a real number"):
+        fit_support(_data(rng, 100), "ball", calibrate="0.1")
     fit_idx, cal_idx = split_for_calibration(10, 0.3, 0)
     assert cal_idx.size == 3 and np.union1d(fit_idx, cal_idx).tolist() == list(range(10))
 

@@ -362,3 +362,8 @@ def test_histogram_of_rare_event_log_shares(tmp_path):
     labels = ax.get_legend_handles_labels()[1]
     assert labels == ["6 tokens, rare-event; 2 proven empty, not drawn"]
     assert sum(p.get_height() for p in ax.patches) == 6
+    # a token sample: the legend says how many of how many (it once said "sample of |V|")
+    cs = cell_volumes(dec, Ball.from_params(np.zeros(3), 1.0), 500, seed=0, progress=False,
+                      n_chains=64, tokens=[0, 2, 4, 6])
+    labels = cs.histogram().get_legend_handles_labels()[1]
+    assert labels == ["3 of a 4-token sample of 8, rare-event; 1 proven empty, not drawn"]

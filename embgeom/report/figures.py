@@ -240,9 +240,10 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int = 50, title: str | Non
     if rare.any():  # rare-event log-shares: every estimated token, no zero-hit bar
         hit = rare
         n_empty = int((np.asarray(method) == "empty").sum())
-        label = f"{int(rare.sum())} tokens, rare-event" + (
-            "" if rare.sum() + n_empty == rare.size else f" (token sample of {rare.size})"
-        ) + (f"; {n_empty} proven empty, not drawn" if n_empty else "")
+        n_est = int(rare.sum()) + n_empty  # the tokens the estimator was given
+        label = (f"{int(rare.sum()):,} tokens, rare-event" if n_est == rare.size else
+                 f"{int(rare.sum()):,} of a {n_est:,}-token sample of {rare.size:,}, rare-event"
+                 ) + (f"; {n_empty} proven empty, not drawn" if n_empty else "")
         x = cv.log_fractions[rare] / math.log(10)
     else:
         hit = cv.counts > 0

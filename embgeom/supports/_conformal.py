@@ -70,11 +70,9 @@ def conformal_rank(n: int, alpha) -> int:
     return k
 
 
-def _check_alpha(alpha) -> float:
-    alpha = check_probability(alpha, "alpha")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha: expected a miscoverage level in (0, 1), got {alpha}")
-    return alpha
+def _check_alpha(alpha, name: str = "alpha") -> float:
+    """A miscoverage level in (0, 1); errors name ``name`` (``fit_support`` calls it ``calibrate``)."""
+    return check_probability(alpha, name, open_right=True)
 
 
 def calibrate_support(support: Support, H_calibration, alpha) -> Support:

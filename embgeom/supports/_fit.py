@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._ball import Ball
 from ._base import _CENTERINGS, _SOLVERS, Support, check_choice, check_hidden
-from ._conformal import calibrate_support, conformal_rank, split_for_calibration
+from ._conformal import _check_alpha, calibrate_support, conformal_rank, split_for_calibration
 from ._box import Box
 from ._cone import Cone
 from ._ellipsoid import Ellipsoid
@@ -96,9 +96,14 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
     est = SHAPES[shape]._from_fit_options(center=center, quantile=quantile, solver=solver, **kw)
     if calibrate is None:
         return est.fit(H)
+    calibrate = _check_alpha(calibrate, "calibrate")
     H = check_hidden(H, "H")
     fit_idx, cal_idx = split_for_calibration(H.shape[0], calibration_fraction, seed)
-    conformal_rank(cal_idx.size, calibrate)  # a split too small for the level fails before the fit
+    try:  # a split too small for the level fails before the fit
+        conformal_rank(cal_idx.size, calibrate)
+    except ValueError as exc:
+        raise ValueError(f"calibrate={calibrate}, calibration_fraction={calibration_fraction} "
+                         f"({cal_idx.size} of {H.shape[0]} rows): {exc}") from None
     est.fit(H[fit_idx])
     out = calibrate_support(est, H[cal_idx], calibrate)
     out.calibration_["calibration_fraction"] = float(calibration_fraction)

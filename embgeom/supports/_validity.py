@@ -62,9 +62,7 @@ def clopper_pearson_lower(k, n, confidence: float = 0.95) -> float:
     k = check_positive_int(k, "k", minimum=0)
     if k > n:
         raise ValueError(f"k: expected 0 <= k <= n={n}, got {k}")
-    conf = check_probability(confidence, "confidence")
-    if conf >= 1.0:
-        raise ValueError("confidence: expected a number in (0, 1)")
+    conf = check_probability(confidence, "confidence", open_right=True)
     if k == 0:
         return 0.0
     if k == n:  # closed form, exact
@@ -90,10 +88,8 @@ def min_points_for(min_share: float, confidence: float = 0.95) -> int:
     ValueError, TypeError
         Arguments outside (0, 1).
     """
-    s = check_probability(min_share, "min_share")
-    c = check_probability(confidence, "confidence")
-    if s >= 1.0 or c >= 1.0:
-        raise ValueError("min_share, confidence: expected numbers in (0, 1)")
+    s = check_probability(min_share, "min_share", open_right=True)
+    c = check_probability(confidence, "confidence", open_right=True)
     return int(math.ceil(math.log1p(-c) / math.log(s) - 1e-12))
 
 

@@ -479,6 +479,32 @@ def _raised_on_purpose(exc: BaseException) -> bool:
     return linecache.getline(str(filename), tb.tb_lineno).lstrip().startswith("raise")
 
 
+#: library argument names that a command-line flag of another name sets
+_FLAG_OF_LIBRARY_NAME = {"name_or_path": "model", "mems": "mem", "n_cell_samples": "cell_samples",
+                         "n_targets": "n_targets", "out_dir": "out"}
+
+
+def _in_flag_terms(message: str, parser: argparse.ArgumentParser, command: str) -> str:
+    """A library error that starts with an argument name (``n_per_length: ...``), reworded with
+    the flag the user typed (``--n-per-length: ...``); other messages unchanged."""
+    import re
+
+    m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?=[:=])", message)
+    if not m:
+        return message
+    name = _FLAG_OF_LIBRARY_NAME.get(m.group(1), m.group(1))
+    try:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        actions = sub.choices[command]._actions
+    except (StopIteration, KeyError, AttributeError):  # pragma: no cover - argparse internals
+        return message
+    for action in actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if action.dest == name and longs:
+            return longs[0] + message[m.end():]
+    return message
+
+
 def _is_user_error(exc: BaseException) -> bool:
     if isinstance(exc, (UsageError, OSError, ModuleNotFoundError)):
         return True
@@ -496,6 +522,10 @@ def _setup_logging(args) -> None:
         handler.setFormatter(logging.Formatter("embgeom: %(levelname)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(level)
+    if level == logging.WARNING and not _progress(args):
+        # no progress bars (not a terminal, e.g. under nohup): the report's phases say they
+        # started and ended, so a long run shows a sign of life
+        logging.getLogger("embgeom.report").setLevel(logging.INFO)
     logging.captureWarnings(True)  # warnings.warn goes through logging: -q hides them
 
 
@@ -538,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         if _is_user_error(exc):
-            print(f"embgeom {args.command}: error: {exc}", file=sys.stderr)
+            print(f"embgeom {args.command}: error: {_in_flag_terms(str(exc), parser, args.command)}",
+                  file=sys.stderr)
             return 2
         print(f"embgeom {args.command}: internal error ({type(exc).__name__}: {exc}); this is a "
               "bug, not your input: rerun with --debug for the traceback and report it",

@@ -323,3 +323,12 @@ def test_ready_sets_odd_parameters():
         big.shape_matrix_
     with pytest.raises(ValueError, match="gain: 1 zero entries"):
         FinalNormShell.from_params("rmsnorm", np.array([1.0, 0.0]))
+
+
+def test_ellipsoid_trimmed_to_too_few_points_names_quantile():
+    """quantile trimming, not the caller's N, left too few points: the message says so."""
+    from embgeom import fit_support
+
+    H = np.random.default_rng(0).standard_normal((200, 8))
+    with pytest.raises(ValueError, match=r"the 6 points \(of 200, quantile=0.03 kept 6\).*larger quantile"):
+        fit_support(H, "ellipsoid", quantile=0.03)

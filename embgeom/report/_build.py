@@ -12,6 +12,7 @@ key of ``report.json`` is documented in ``docs/report.md``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import platform
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ from ._markdown import fmt, md_table
 from ._supports import certified_radius, supports_markdown, supports_report_section
 
 __all__ = ["build_report", "REPORT_SIZES"]
+
+_log = logging.getLogger(__name__)
 
 #: Sizes of the default and the ``--quick`` report. ``lengths`` are the prompt lengths (tokens)
 #: of the fit sample, ``n_per_length`` hidden states per length; ``heldout_lengths`` and
@@ -194,12 +197,15 @@ def build_report(
 
 @contextlib.contextmanager
 def _timed(timings: dict, name: str):
-    """Record the wall time of the block in ``timings[name]`` (seconds, 2 decimals)."""
+    """Record the wall time of the block in ``timings[name]`` (seconds, 2 decimals), and log the
+    phase's start and end at INFO (the sign of life when no progress bar is drawn)."""
+    _log.info("%s ...", name)
     t0 = time.perf_counter()
     try:
         yield
     finally:
         timings[name] = round(time.perf_counter() - t0, 2)
+        _log.info("%s done in %.0f s", name, timings[name])
 
 
 def _report_sizes(quick: bool, lengths, n_per_length, n_cell_samples, heldout_lengths=None,

@@ -194,7 +194,7 @@ def unargmaxable_sentence(section: dict) -> str:
     counts = un.get("status_counts", {})
     n_dup, n_lp = counts.get("duplicate", 0), counts.get("lp_empty", 0)
     und = un.get("n_undecided", 0)
-    tail = f"; {und} tokens undecided (LP time limit)" if und else ""
+    tail = f"; {und} token{'s' if und != 1 else ''} undecided (LP time limit)" if und else ""
     if n == 0:
         return f"Unargmaxable tokens (exact scan): none{tail}."
     if n == n_dup:

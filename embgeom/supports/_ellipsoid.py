@@ -267,16 +267,19 @@ class Ellipsoid(Support):
         else:
             Hk = Hn
         nk = Hk.shape[0]
+        # the rows left after quantile trimming are what the fit sees: say so
+        kept = f"{nk} points (of {n}, quantile={q} kept {nk})" if nk < n else f"{nk} points"
         if rank == 0 and ridge is None:
             refuse_degenerate(
-                "ellipsoid", f"all {nk} points coincide", "the enclosing ellipsoid would have "
+                "ellipsoid", f"all {kept} coincide", "the enclosing ellipsoid would have "
                 "volume 0. Pass ridge=t for the ball of radius t around the point (the rule for "
                 "rank-deficient data), or build one with Ellipsoid.from_params")
         if rank < d and ridge is None:
             refuse_degenerate(
-                "ellipsoid", f"the {nk} points span an affine subspace of dimension {rank} < d={d} "
+                "ellipsoid", f"the {kept} span an affine subspace of dimension {rank} < d={d} "
                 f"({'collinear points' if rank == 1 else 'N <= d' if nk <= d else 'points on a subspace'})",
-                "the minimum-volume enclosing ellipsoid is flat (volume 0). Pass more points, or "
+                "the minimum-volume enclosing ellipsoid is flat (volume 0). Pass more points"
+                + (" or a larger quantile" if nk < n else "") + ", or "
                 "ridge=t to fit in the affine hull and give the remaining axes semi-axis t explicitly")
         fit = None
         if rank > 0:

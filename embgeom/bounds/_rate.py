@@ -641,9 +641,14 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
                                which=("point",))[0]
             vals[b] = _fit_rate(ks, -pb)[0]
         alpha = 1.0 - float(confidence)
-        ci = (float(np.quantile(vals, alpha / 2)), float(np.quantile(vals, 1 - alpha / 2)))
-        boot = (float(np.mean(vals)), float(np.std(vals, ddof=1)) if n_boot > 1 else 0.0)
-        total_ci = (float(np.quantile(totals, alpha / 2)), float(np.quantile(totals, 1 - alpha / 2)))
+
+        def q(v, p):  # an order statistic, not an interpolation: an infinite rate (proven-empty
+            return float(np.quantile(v, p, method="inverted_cdf"))  # cells drawn) stays inf
+
+        ci = (q(vals, alpha / 2), q(vals, 1 - alpha / 2))
+        with np.errstate(invalid="ignore"):  # inf replicates: mean inf, spread nan
+            boot = (float(np.mean(vals)), float(np.std(vals, ddof=1)) if n_boot > 1 else 0.0)
+        total_ci = (q(totals, alpha / 2), q(totals, 1 - alpha / 2))
     with np.errstate(invalid="ignore"):
         asym = float(-np.mean(xn))
     return CellVolumeRate(

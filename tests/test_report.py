@@ -366,7 +366,11 @@ def test_report_end_to_end_on_a_tiny_model(tiny_loaded, tmp_path):
     for f in disk["figures"].values():
         assert (out / f).stat().st_size > 1000 and f in md
     assert set(disk["figures"]) == {"hidden_norms", "supports_log_volume", "cell_volumes",
-                                    "accessible_fraction", "linear_law"}
+                                    "cell_histogram", "accessible_fraction", "linear_law"}
+    # the estimated tokens' log-shares are saved next to the figures, as the section says
+    z = np.load(out / disk["cells"]["log_shares_path"])
+    assert z["token_ids"].size == disk["cells"]["n_estimated"]
+    assert np.all(z["log_lower"][np.isfinite(z["log_shares"])] <= z["log_shares"][np.isfinite(z["log_shares"])])
     # one-line tables, no all-empty column
     for ln in md.splitlines():
         if ln.startswith("| support | shape"):

@@ -349,7 +349,7 @@ def _bounds_phase(loaded, u, model_facts, fitted, geo, sup_section, cells_sectio
 
 def _figure_list(geo, sup, cells, bounds) -> dict:
     figs = {"hidden_norms": geo.get("figure"), "supports_log_volume": sup["figures"]["log_volume"],
-            "cell_volumes": cells["figure"]}
+            "cell_volumes": cells["figure"], "cell_histogram": cells.get("histogram")}
     figs.update(bounds.get("figures", {}))
     return {k: v for k, v in figs.items() if v}
 

@@ -91,7 +91,9 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
                          executor="local"):
     """The cells section of the report: cell shares, the largest cells, unargmaxable tokens.
 
-    Writes ``cell_fractions.npy`` (float64 (|V|,)) and ``cell_volumes.png`` (the rank plot of
+    Writes ``cell_fractions.npy`` (float64 (|V|,)), ``cell_log_shares.npz`` (the estimated
+    tokens' ids and log-shares with their interval ends, nats), ``cell_histogram.png`` (the
+    per-token histogram) and ``cell_volumes.png`` (the rank plot of
     the log-shares, :func:`embgeom.report.figures.plot_cell_shares`) into ``out_dir``.
 
     Parameters
@@ -153,6 +155,11 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
                                    unresolved=shares["unresolved"][est],
                                    n_samples=None if n_est < V else cv.n_samples,
                                    estimator=shares["estimator"], vocab_size=V)
+    hist = out / "cell_histogram.png"
+    cv.histogram(path=hist)  # per-token histogram of the estimated log-shares (no zero-hit bar)
+    np.savez(out / "cell_log_shares.npz", token_ids=np.flatnonzero(est),
+             log_shares=shares["log_shares"][est], log_lower=shares["log_lower"][est],
+             log_upper=shares["log_upper"][est])
     un = None
     if unargmaxable == "full":
         res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress,
@@ -170,6 +177,8 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
         "unresolved_share": n_unres / max(n_est, 1),
         "fractions_path": "cell_fractions.npy",
         "figure": Path(fig).name,
+        "histogram": hist.name,
+        "log_shares_path": "cell_log_shares.npz",
         "top": cv.top(top_k, tokenizer=tokenizer),
         "top1pct_share": cv.top_share(0.01),
         "volumes": cv.to_dict(),
@@ -247,5 +256,7 @@ def cells_markdown(section: dict, support_name: str) -> str:
         keys = [k for k in ("token_id", "token", "fraction", "lower", "upper") if k in top[0]]
         lines.append(md_table(keys, [[t.get(k) for k in keys] for t in top[:10]]))
     lines += ["", f"![cell shares, rank plot]({section['figure']})"]
+    if section.get("histogram"):
+        lines += ["", f"![cell shares, per-token histogram]({section['histogram']})"]
     return "\n".join(lines)
 

@@ -356,6 +356,49 @@ def _resample(inside: np.ndarray, n_groups: int, rng: np.random.Generator) -> np
     return out
 
 
+def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, adaptive, *, group, B,
+                 counted, n_rank, max_levels):
+    """Splitting levels on the margin over all of ``W``, inside the working-set cone.
+
+    The domains ``cone(S) & {min_s a_s.x / |a_s| >= -gamma}`` shrink to the cell as ``gamma``
+    falls to 0 (each level keeps ``n_rank`` chains); moves are the working-set moves (exact
+    inside ``cone(S)``) with a move that leaves the level's domain rejected (a Metropolis step,
+    so each level's law stays invariant). Appends to ``counts``/``sizes``/``adaptive``.
+
+    Returns ``(X, P, side, log_check, n_checked)``: ``log_check`` is the log of the cell's
+    estimated share of ``cone(S)``.
+    """
+    pick = _resample(inside, B, rng)
+    X, P = moves(X[pick], P[pick])  # chains spread over cone(S) at shifts 0
+    first = len(counts)
+    v, _ = cone.scan(X, 1)
+    mf, n_checked, side = v[:, 0], X.shape[0], "two-sided"
+    while True:
+        if len(counts) >= max_levels:
+            side = "unresolved"
+            break
+        q = np.partition(-mf[counted], n_rank - 1)[n_rank - 1]
+        gamma = max(0.0, q)
+        ins = (mf >= -gamma) & counted
+        counts.append(np.bincount(group[ins], minlength=B))
+        sizes.append(np.bincount(group[counted], minlength=B))
+        adaptive.append(gamma > 0.0)
+        if gamma == 0.0:
+            break
+        pick = _resample(ins, B, rng)
+        X, P, mf = X[pick], P[pick], mf[pick]
+        X0, P0 = X.copy(), P.copy()
+        X, P = moves(X, P)
+        v, _ = cone.scan(X, 1)
+        n_checked += X.shape[0]
+        back = v[:, 0] < -gamma  # left the level's domain: stay
+        X[back], P[back] = X0[back], P0[back]
+        mf = np.where(back, mf, v[:, 0])
+    c = np.array(counts[first:], float).sum(1) / np.array(sizes[first:], float).sum(1)
+    log_check = float(np.log(c).sum()) if np.all(c > 0) else -np.inf
+    return X, P, side, log_check, n_checked
+
+
 def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_groups: int,
                  level_prob: float, n_moves: int, move: str, working: bool, full_check: bool,
                  max_constraints: int, probe_k: int, n_probes: int, min_full_fraction: float,
@@ -392,11 +435,30 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
         m_S = (X[idx] @ cs.A.T).min(axis=1) if cs.M else np.full(idx.size, np.inf)
         cs.add(np.where(val < np.minimum(m_S, 0.0)[:, None], ids, -1).ravel())
 
-    def sync(P):
+    def sync(P, X_=None):
         """Constraint values of the chains, extended to the constraints added since."""
+        X_ = X if X_ is None else X_
         if P.shape[1] < cs.M:
-            P = np.hstack([P, X @ cs.A[P.shape[1]:].T])
+            P = np.hstack([P, X_ @ cs.A[P.shape[1]:].T])
         return np.ascontiguousarray(P)
+
+    def moves(X, P):
+        """``n_moves`` exact moves of every chain inside the working set's current domain
+        (HMC with reflections, or LIN-ESS); ``X`` and ``P`` are updated in place and returned."""
+        n = X.shape[0]
+        for _ in range(n_moves):
+            nu = rng.standard_normal((n, k))
+            Q = np.ascontiguousarray(nu @ cs.A.T)
+            if move == "hmc":
+                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, 0.5 * math.pi, MAX_BOUNCES)
+                if _DEBUG:
+                    print(f"level {len(counts)} M {cs.M} bounces mean {b.mean():.1f} max {b.max()} capped {(b >= MAX_BOUNCES).mean():.3f}")
+            else:
+                theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(n))
+                c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
+                X = X * c + nu * s
+                P = P * c + Q * s
+        return X, P
 
     if working:
         probe()
@@ -432,29 +494,25 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
             n_checked += sel.size
             ok = val[:, 0] >= 0
             log_check = math.log(ok.mean()) if ok.any() else -np.inf
-            if ok.mean() >= min_full_fraction or cs.M >= max_constraints:
-                if not ok.any():
-                    side = "unresolved"
+            if cs.M >= max_constraints:
+                # The working set is full: the cell's share of its cone can be anything, and one
+                # check of chains that descend from a few ancestors is no estimate of it (a small
+                # step left to a couple of hits errs high, and a token with none is unresolved).
+                # Go on splitting inside the working-set cone with levels on the margin over all
+                # of W.
+                X, P, side, log_check, n_full = _full_levels(
+                    cone, X, sync(P), inside, moves, rng, counts, sizes, adaptive,
+                    group=group, B=B, counted=counted, n_rank=n_rank, max_levels=max_levels)
+                n_checked += n_full
+                break
+            if ok.mean() >= min_full_fraction:
                 counts.append(np.bincount(group[sel[ok]], minlength=B))
                 sizes.append(np.bincount(group[sel], minlength=B))
                 adaptive.append(False)
                 break
             cs.add(np.where(val[~ok] < 0, ids[~ok], -1).ravel())
         pick = _resample(inside, B, rng)
-        X = X[pick]
-        P = sync(P[pick])
-        for _ in range(n_moves):
-            nu = rng.standard_normal((N, k))
-            Q = np.ascontiguousarray(nu @ cs.A.T)
-            if move == "hmc":
-                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, 0.5 * math.pi, MAX_BOUNCES)
-                if _DEBUG:
-                    print(f"level {len(counts)} M {cs.M} gamma {gamma:.3g} bounces mean {b.mean():.1f} max {b.max()} capped {(b >= MAX_BOUNCES).mean():.3f}")
-            else:
-                theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(N))
-                c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
-                X = X * c + nu * s
-                P = P * c + Q * s
+        X, P = moves(X[pick], sync(P[pick]))
         if working:
             probe()
 

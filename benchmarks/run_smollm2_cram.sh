@@ -12,7 +12,7 @@
 set -u
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
-declare -A LENGTHS=([1]="12 16 8 20" [2]="16 24 32" [3]="36 28 44")
+declare -A LENGTHS=([1]="12 16 8 20" [2]="16 24 32" [3]="36 28 44 52")
 for m in "${@:-2 3 1}"; do
   # shellcheck disable=SC2086
   nice -n 10 .venv/bin/embgeom cram --model smollm2-135m --mem "$m" --lengths ${LENGTHS[$m]} \

@@ -373,6 +373,7 @@ def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, adaptive,
     first = len(counts)
     v, _ = cone.scan(X, 1)
     mf, n_checked, side = v[:, 0], X.shape[0], "two-sided"
+    t_max = 0.5 * math.pi  # HMC time: shortened while most moves leave the level's domain
     while True:
         if len(counts) >= max_levels:
             side = "unresolved"
@@ -388,12 +389,22 @@ def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, adaptive,
         pick = _resample(ins, B, rng)
         X, P, mf = X[pick], P[pick], mf[pick]
         X0, P0 = X.copy(), P.copy()
-        X, P = moves(X, P)
+        X, P = moves(X, P, t_max)
         v, _ = cone.scan(X, 1)
         n_checked += X.shape[0]
         back = v[:, 0] < -gamma  # left the level's domain: stay
         X[back], P[back] = X0[back], P0[back]
         mf = np.where(back, mf, v[:, 0])
+        # a small working-set cone around a much smaller cell rejects long trajectories, and
+        # chains that never move leave the levels stalled on ties: adapt the time between
+        # levels (each level's kernel is still exact and reversible)
+        accepted = 1.0 - float(back.mean())
+        if accepted < 0.25:
+            t_max *= 0.5
+        elif accepted > 0.6:
+            t_max = min(2.0 * t_max, 0.5 * math.pi)
+    if len(counts) == first:  # max_levels reached before a level of its own
+        return X, P, "unresolved", -np.inf, n_checked
     c = np.array(counts[first:], float).sum(1) / np.array(sizes[first:], float).sum(1)
     log_check = float(np.log(c).sum()) if np.all(c > 0) else -np.inf
     return X, P, side, log_check, n_checked
@@ -442,15 +453,16 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
             P = np.hstack([P, X_ @ cs.A[P.shape[1]:].T])
         return np.ascontiguousarray(P)
 
-    def moves(X, P):
+    def moves(X, P, t_max=0.5 * math.pi):
         """``n_moves`` exact moves of every chain inside the working set's current domain
-        (HMC with reflections, or LIN-ESS); ``X`` and ``P`` are updated in place and returned."""
+        (HMC with reflections for time ``t_max``, or LIN-ESS); ``X`` and ``P`` are updated in
+        place and returned."""
         n = X.shape[0]
         for _ in range(n_moves):
             nu = rng.standard_normal((n, k))
             Q = np.ascontiguousarray(nu @ cs.A.T)
             if move == "hmc":
-                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, 0.5 * math.pi, MAX_BOUNCES)
+                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t_max, MAX_BOUNCES)
                 if _DEBUG:
                     print(f"level {len(counts)} M {cs.M} bounces mean {b.mean():.1f} max {b.max()} capped {(b >= MAX_BOUNCES).mean():.3f}")
             else:
@@ -688,10 +700,15 @@ def log_cone_gaussian_measure(
     from scipy import stats
     from tqdm.auto import tqdm
 
-    W32 = np.ascontiguousarray(check_array(W, "W", ndim=2, dtype=None), dtype=np.float32)
+    W64 = np.asarray(check_array(W, "W", ndim=2, dtype=None), dtype=np.float64)
+    # a cone of a bias-free decoder does not change when W is scaled: bring max|W| to [0.5, 1)
+    # by a power of two (exact), so float32 and its products neither overflow nor underflow at
+    # any scale of the data (W * 1e30 used to give every share 0)
+    w_max = float(np.abs(W64).max()) if W64.size else 0.0
+    if w_max > 0.0:
+        W64 = np.ldexp(W64, -math.frexp(w_max)[1])
+    W32 = np.ascontiguousarray(W64, dtype=np.float32)
     V, d = W32.shape
-    if not np.isfinite(W32).all():
-        raise ValueError("W: overflows float32")
     if G is None:
         WG32 = W32
     else:
@@ -704,7 +721,9 @@ def log_cone_gaussian_measure(
         r = int(np.sum(sv > sv[0] * 1e-12)) if sv.size and sv[0] > 0 else 0
         if r == 0:
             raise ValueError("G: expected a non-zero linear map")
-        WG32 = np.ascontiguousarray(W32.astype(np.float64) @ (U[:, :r] * sv[:r]), dtype=np.float32)
+        # G's scale is irrelevant too: a power of two, so the float32 rows scale exactly
+        WG = W32.astype(np.float64) @ (U[:, :r] * np.ldexp(sv[:r], -math.frexp(sv[0])[1]))
+        WG32 = np.ascontiguousarray(WG, dtype=np.float32)
     tokens = _check_tokens(token_ids, V)
     (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
      min_full_fraction, max_levels, confidence) = _check_settings(

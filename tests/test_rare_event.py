@@ -385,3 +385,33 @@ def test_histogram_of_rare_event_log_shares(tmp_path):
                       n_chains=64, tokens=[0, 2, 4, 6])
     labels = cs.histogram().get_legend_handles_labels()[1]
     assert labels == ["3 of a 4-token sample of 8, rare-event; 1 proven empty, not drawn"]
+
+
+def test_scale_of_W_and_G_changes_no_share():
+    """A bias-free cone does not change when W or G is scaled: the estimator brings both to unit
+    scale by powers of two, so W * 2^100 (1e30, whose products overflowed float32 and gave every
+    share 0) or 2^-530 (1e-160) gives the same figures, draw for draw."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((50, 8))
+    G = np.diag(rng.uniform(0.5, 2.0, 8))
+    ref = log_cone_gaussian_measure(W, [0, 1, 2], G, n_chains=64, seed=0).log_share
+    assert np.all(np.isfinite(ref))
+    for s in (2.0**-530, 2.0**-150, 2.0**100, 2.0**530):
+        for g in (2.0**-300, 1.0, 2.0**300):
+            r = log_cone_gaussian_measure(W * s, [0, 1, 2], G * g, n_chains=64, seed=0).log_share
+            np.testing.assert_array_equal(r, ref)
+
+
+def test_tiny_working_set_still_resolves():
+    """Caps of 1 to 4 constraints: the levels over all of W adapt their HMC time instead of
+    stalling on ties for 400 levels (they left the cell unresolved); max_levels=1 is a clean
+    'unresolved', not an error."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((50, 8)).astype(np.float32)
+    full = log_cone_gaussian_measure(W, [0, 1], n_chains=64, seed=0)
+    for cap in (1, 2, 4):
+        r = log_cone_gaussian_measure(W, [0, 1], n_chains=64, seed=0, max_constraints=cap)
+        assert list(r.side) == ["two-sided", "two-sided"] and np.all(r.n_levels < 60)
+        assert np.all(np.abs(r.log_share - full.log_share) < 4 * np.hypot(r.std_err, full.std_err) + 0.3)
+    r = log_cone_gaussian_measure(W, [0], n_chains=64, seed=0, max_constraints=1, max_levels=1)
+    assert r.side[0] == "unresolved" and np.isnan(r.log_share[0])

@@ -18,6 +18,9 @@ Public API
 - :func:`cram`: optimise B independent sets of memory vectors in one batch.
 - :func:`greedy_generate`, :func:`teacher_forced_accuracy`: the two success checks.
 - :func:`sample_targets`: seeded targets (random tokens, random words, or given texts).
+- :func:`horizons`: each target's horizon (longest crammable prefix) by progressive cramming,
+  one run per target; :class:`HorizonCurve` gives ``P(h >= n)`` and n50 (median horizon).
+- :class:`CramProtocol`, :data:`PROTOCOLS`: the named optimisers (presets with sources).
 - :func:`accessibility_curve`: accessibility vs length, with Wilson intervals, adaptive mode,
   results appended to a JSONL file and reused on a rerun.
 - :func:`mixed_curves`: the curves of several m at once, rows of every (m, n) crammed in a few
@@ -61,6 +64,11 @@ __all__ = [
     "plot_accessibility",
     "plot_n50",
     "run_cram",
+    "HorizonCurve",
+    "horizons",
+    "CramProtocol",
+    "PROTOCOLS",
+    "DEFAULT_PROTOCOL",
 ]
 
 #: Where each public name lives (the module is imported on first access).
@@ -80,10 +88,16 @@ _HOME = {
     "plot_accessibility": "plots",
     "plot_n50": "plots",
     "run_cram": "_run",
+    "HorizonCurve": "analysis",
+    "horizons": "_horizons",
+    "CramProtocol": "_protocols",
+    "PROTOCOLS": "_protocols",
+    "DEFAULT_PROTOCOL": "_protocols",
 }
 
 
-_SUBMODULES = ("analysis", "plots", "_optimise", "_checks", "_targets", "_curve", "_run")
+_SUBMODULES = ("analysis", "plots", "_optimise", "_checks", "_targets", "_curve", "_run",
+               "_horizons", "_protocols")
 
 
 def __getattr__(name):

@@ -16,6 +16,57 @@ WORD_BOUNDARY_MARKERS = ("\u0120", "\u2581")
 _TARGET_CHUNK = 64  # targets are drawn in chunks of this many tokens, so shorter ones are prefixes
 _TAG_TARGET = 0  # seed-domain tags, so target draws and memory initialisations never share streams
 _TAG_INIT = 1
+_TAG_WORDS = 2
+
+#: Words per chunk of a ``"wordlist"`` target (more chunks are drawn until the text is long
+#: enough), and the size of the word list (the paper's GloVe list has 100k words).
+_WORD_CHUNK = 64
+WORDLIST_SIZE = 100_000
+
+
+def english_wordlist(size: int = WORDLIST_SIZE) -> list:
+    """The ``size`` most frequent English words of wordfreq's list, letters a-z only.
+
+    The paper's "random text" (Meyer et al., ICML 2026, code ``cramming/``) draws random words
+    from a 100k-word list (GloVe's vocabulary). GloVe does not install offline; wordfreq's
+    frequency-ranked English list does (it ships inside the PyPI package ``wordfreq``): of its
+    top 100,000 entries, 93,628 are made of the letters a-z alone, and those are the pool.
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    ImportError
+        wordfreq is not installed (it is a dependency of embgeom).
+    """
+    import re
+
+    import wordfreq
+
+    size = check_positive_int(size, "size")
+    return [w for w in wordfreq.top_n_list("en", size) if re.fullmatch(r"[a-z]+", w)]
+
+
+def _wordlist_targets(tok, length: int, n_targets: int, seed, start: int) -> np.ndarray:
+    """Random-word targets: words drawn uniformly from :func:`english_wordlist`, joined by
+    single spaces, tokenised without special tokens, cut to ``length`` tokens. Target j's words
+    come from ``seed_sequence(seed, 2, j, c)`` in chunks of 64, so a shorter target is a prefix
+    of a longer one (byte-level BPE and SentencePiece pre-tokenise at the spaces)."""
+    words = np.array(english_wordlist())
+    out = np.empty((n_targets, length), np.int64)
+    for r, j in enumerate(range(start, start + n_targets)):
+        ids: list = []
+        drawn: list = []
+        c = 0
+        while len(ids) <= length:  # one token more than needed: the cut never ends a partial word
+            rng = np.random.default_rng(seed_sequence(seed, _TAG_WORDS, j, c))
+            drawn.extend(words[rng.integers(0, words.size, _WORD_CHUNK)].tolist())
+            ids = tok(" ".join(drawn), add_special_tokens=False)["input_ids"]
+            c += 1
+        out[r] = ids[:length]
+    return out
 
 
 def check_targets(targets, vocab: int) -> np.ndarray:
@@ -36,7 +87,8 @@ def _token_pool(hf, tok, source: str) -> np.ndarray:
         return allowed_token_ids(hf, tok, size)
     if source != "words":
         raise ValueError(
-            f'target_source: expected "random-tokens", "words" or a list of texts, got {source!r}'
+            f'target_source: expected "random-tokens", "words", "wordlist" or a list of texts, '
+            f'got {source!r}'
         )
     if tok is None:
         raise ValueError('target_source: "words" needs a tokenizer (pass a LoadedModel)')
@@ -74,7 +126,7 @@ def sample_targets(model, length: int, n_targets: int, *, target_source="random-
         Target length n (tokens).
     n_targets : int
         How many targets (rows), with indices ``start, ..., start + n_targets - 1``.
-    target_source : {"random-tokens", "words"} or list of str, default "random-tokens"
+    target_source : {"random-tokens", "words", "wordlist"} or list of str, default "random-tokens"
         - ``"random-tokens"``: i.i.d. uniform over the vocabulary rows, special tokens excluded
           (the paper's "random text"; the special tokens are
           :func:`embgeom._hf.special_token_ids`: the tokenizer's, else the config's bos/eos/pad).
@@ -82,6 +134,9 @@ def sample_targets(model, length: int, n_targets: int, *, target_source="random-
           word-boundary marker ("Ġ" for byte-level BPE, "▁" for SentencePiece) followed by at
           least two ASCII letters, i.e. whole words that start with a space. A target is a
           sequence of random words (more text-like than random tokens, still incompressible).
+        - ``"wordlist"``: the paper's "random text": random words from a 100k-word English list
+          (:func:`english_wordlist`), joined by spaces, tokenised, cut to n tokens (needs the
+          tokenizer).
         - a list of texts: tokenised without special tokens and concatenated, separated by a
           space, into one cyclic token stream; target j starts at the first token of text
           ``j mod len(texts)``.
@@ -106,6 +161,11 @@ def sample_targets(model, length: int, n_targets: int, *, target_source="random-
     n_targets = check_positive_int(n_targets, "n_targets")
     start = check_positive_int(start, "start", minimum=0)
     hf, tok, _, _ = unwrap(model)
+    if target_source == "wordlist":
+        input_embeddings(hf)
+        if tok is None:
+            raise ValueError('target_source: "wordlist" needs a tokenizer (pass a LoadedModel)')
+        return _wordlist_targets(tok, length, n_targets, seed, start)
     if isinstance(target_source, str):
         input_embeddings(hf)  # a clear error for a model without input embeddings
         pool = _token_pool(hf, tok, target_source)

@@ -26,7 +26,7 @@ from scipy import optimize, special, stats
 
 from embgeom._validation import check_positive, check_positive_int, check_probability, check_seed
 
-__all__ = ["AccessibilityCurve", "n50", "fit_slope", "theory_slope"]
+__all__ = ["AccessibilityCurve", "HorizonCurve", "n50", "fit_slope", "theory_slope"]
 
 
 @dataclass
@@ -384,3 +384,147 @@ def theory_slope(support, eps: float, vocab_size: int, *, rate: float | None = N
     return float(bounds.slope_bound(support, eps, vocab_size, rate=rate))
 
 
+
+
+@dataclass
+class HorizonCurve:
+    """Per-target horizons of one m (:func:`embgeom.cramming.horizons`) and what they give.
+
+    A target's *horizon* h is the longest prefix of it that was crammed (tokens). Because
+    accessibility is monotone in prefixes, ``accessibility(n) = P(h >= n)`` exactly, and n50 is
+    the median horizon.
+
+    Attributes
+    ----------
+    n_mem : int
+        m, the memory vectors per target.
+    horizons : numpy.ndarray of int64, shape (N,)
+        One horizon per finished target (tokens), in target order.
+    censored : numpy.ndarray of bool, shape (N,)
+        The horizon is a lower bound (the run reached ``max_length`` or its total step cap).
+    max_length : int
+        The longest prefix tried.
+    n_targets : int
+        Targets planned (``N < n_targets`` while a run is unfinished).
+    records : list of dict
+        The per-target JSONL records (steps per length, CPU-seconds, stop reason, ...).
+    settings : dict
+    n_boot : int
+        Bootstrap resamples for :meth:`n50`.
+    seed : int
+        Seed of the bootstrap.
+    memory : dict {int: numpy.ndarray of float32, shape (m, d)}
+        The horizon's memory vectors of each target run in the call that made the curve.
+    targets : numpy.ndarray of int64, shape (B, max_length), or None
+    """
+
+    n_mem: int
+    horizons: np.ndarray
+    censored: np.ndarray
+    max_length: int
+    n_targets: int
+    records: list = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    n_boot: int = 1000
+    seed: int = 0
+    memory: dict = field(default_factory=dict)
+    targets: np.ndarray | None = None
+
+    @classmethod
+    def from_records(cls, records, *, n_mem: int, max_length: int, n_targets: int | None = None,
+                     settings: dict | None = None, n_boot: int = 1000, seed: int = 0):
+        """From horizon records (dicts with ``horizon`` and ``censored``), in target order.
+
+        Raises
+        ------
+        ValueError
+            A record without ``horizon``, or a negative horizon.
+        """
+        records = sorted(records, key=lambda r: r.get("target_index", 0))
+        try:
+            h = np.array([int(r["horizon"]) for r in records], np.int64)
+        except KeyError:
+            raise ValueError("records: every record needs a 'horizon'") from None
+        if np.any(h < 0):
+            raise ValueError("records: horizons must be >= 0")
+        c = np.array([bool(r.get("censored", False)) for r in records], bool)
+        return cls(int(n_mem), h, c, int(max_length),
+                   len(records) if n_targets is None else int(n_targets), list(records),
+                   dict(settings or {}), int(n_boot), int(seed))
+
+    @property
+    def complete(self) -> bool:
+        """Every planned target has a horizon."""
+        return self.horizons.size >= self.n_targets
+
+    def accessibility(self, lengths=None):
+        """``(lengths, P(h >= n), lower, upper)``: the curve with Wilson 95% intervals.
+
+        ``lengths`` default: 1 .. max_length. float64 arrays of shape (K,) (lengths int64).
+        """
+        from embgeom.volumes import wilson_interval
+
+        n = np.arange(1, self.max_length + 1) if lengths is None else \
+            np.asarray(lengths, np.int64)
+        N = self.horizons.size
+        if N == 0:
+            raise ValueError("horizons: no finished target yet")
+        k = (self.horizons[None, :] >= n[:, None]).sum(1)
+        lo, hi = wilson_interval(k, np.full_like(k, N))
+        return n, k / N, lo, hi
+
+    def as_accessibility_curve(self, lengths=None) -> "AccessibilityCurve":
+        """The curve as an :class:`AccessibilityCurve` (successes = #{h >= n}, trials = N),
+        so :func:`n50`, :func:`fit_slope` and the plots take it."""
+        n, p, _, _ = self.accessibility(lengths)
+        N = self.horizons.size
+        k = np.rint(p * N).astype(np.int64)
+        return AccessibilityCurve(self.n_mem, n, k, k.copy(), np.full(n.size, N, np.int64),
+                                  dict(self.settings))
+
+    def n50(self, confidence: float = 0.95) -> dict:
+        """The median horizon (tokens) with a percentile-bootstrap interval over targets.
+
+        Returns
+        -------
+        dict
+            ``n50`` (``numpy.median`` of the horizons: the length where ``P(h >= n)`` crosses
+            0.5), ``lower``, ``upper``, ``n_targets`` (finished), ``censored`` (True when a
+            censored horizon lies at or below the median: n50 is then a lower bound),
+            ``confidence``, ``n_boot``.
+        """
+        confidence = check_probability(confidence, "confidence")
+        h = self.horizons.astype(np.float64)
+        if h.size == 0:
+            raise ValueError("horizons: no finished target yet")
+        med = float(np.median(h))
+        rng = np.random.default_rng(self.seed)
+        if self.n_boot:
+            boots = np.median(h[rng.integers(0, h.size, (self.n_boot, h.size))], axis=1)
+            a = (1 - confidence) / 2
+            lo, hi = (float(np.quantile(boots, q, method="inverted_cdf")) for q in (a, 1 - a))
+        else:
+            lo = hi = float("nan")
+        cens = bool(np.any(self.censored & (self.horizons <= med)))
+        return {"n50": med, "lower": lo, "upper": hi, "n_targets": int(h.size),
+                "censored": cens, "confidence": confidence, "n_boot": self.n_boot}
+
+    def cpu_seconds(self) -> dict:
+        """CPU-seconds per target (median, mean, total) from the records (None if absent)."""
+        cs = np.array([r.get("cpu_s", np.nan) for r in self.records], np.float64)
+        if cs.size == 0 or not np.isfinite(cs).any():
+            return {"median": None, "mean": None, "total": None}
+        return {"median": float(np.nanmedian(cs)), "mean": float(np.nanmean(cs)),
+                "total": float(np.nansum(cs))}
+
+    def to_dict(self) -> dict:
+        """JSON-able summary: horizons, censoring, n50 with its interval, the curve, CPU."""
+        out = {"n_mem": self.n_mem, "max_length": self.max_length,
+               "n_targets": self.n_targets, "n_finished": int(self.horizons.size),
+               "horizons": self.horizons.tolist(), "censored": self.censored.tolist(),
+               "settings": self.settings, "cpu_s": self.cpu_seconds()}
+        if self.horizons.size:
+            n, p, lo, hi = self.accessibility()
+            out.update(n50=self.n50(), lengths=n.tolist(), accessibility=p.tolist(),
+                       lower=lo.tolist(), upper=hi.tolist())
+        return out

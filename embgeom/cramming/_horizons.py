@@ -1,0 +1,715 @@
+"""Per-target horizons by progressive cramming: one run per target gives the accessibility curve.
+
+Accessibility is monotone in prefixes: memory vectors that make the model emit ``x_1 .. x_n``
+(teacher-forced, every next-token argmax right) also make it emit ``x_1 .. x_k`` for every
+``k < n``. Each target therefore has a *horizon* ``h(x)``, the longest prefix that can be
+crammed, and ``accessibility(n) = P(h >= n)``. :func:`horizons` measures ``h`` per target with
+one progressive run (Tarasov et al., ICML 2026, "progressive cramming"): cram the first token,
+then grow the target one token at a time from the previous solution, and stop at the first
+length that fails within its budget. The per-length runs of :func:`accessibility_curve` (one
+fresh optimisation per (target, length): the paper's protocol) stay as the check.
+
+Layout of a batch: the targets are split, in the order given, into fixed batches of
+``batch_size`` rows. Every row has its own current length; a batch forward takes the rows still
+running, ``[e(s), mem, e(x_1) .. e(x_{K-1})]`` with K the longest current length among them, and
+scores row i on its own first ``k_i`` positions (causal attention: tokens past ``k_i`` change
+nothing before them). The same forward's logits give the accuracy check (no second forward):
+the number ``c_i`` of leading tokens already right; when ``c_i >= k_i`` the row has crammed
+every length up to ``c_i`` and its next length is ``c_i + 1``. Finished rows leave the batch.
+
+Resume: one JSON line per finished target (:mod:`embgeom._json`), keyed on the settings' hash
+and the target index; a batch that was cut short resumes from its checkpoint (the whole state,
+saved every ``checkpoint_every`` updates with an atomic rename), so a resumed run equals the
+uninterrupted one record for record. Batches are fixed by the target order, never re-formed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embgeom import _json
+from embgeom._hf import (
+    check_device,
+    dtype_name,
+    embed_rows,
+    frozen,
+    input_embeddings,
+    model_device_dtype,
+    prefix,
+    resolve_start_token,
+    unwrap,
+    vocab_rows,
+)
+from embgeom._validation import check_positive_int, seed_sequence
+
+from ._checks import greedy_generate
+from ._curve import _append_lines, _model_fingerprint, _settings_hash
+from ._optimise import PRECISIONS, _embedding_stats, _model_forward
+from ._protocols import DEFAULT_PROTOCOL, CramProtocol, get_protocol
+from ._targets import _TAG_INIT, check_targets, sample_targets, source_descriptor
+from .analysis import HorizonCurve
+
+__all__ = ["horizons", "HORIZON_STOP_REASONS"]
+
+#: Why a target's run ended (``stop_reason`` of a record):
+#: ``"budget"``: its next length was not crammed within ``steps_per_length`` updates;
+#: ``"patience"``: the protocol's patience ran out at that length;
+#: ``"max_steps"``: the total cap was reached (the horizon is then a lower bound);
+#: ``"max_length"``: every length up to ``max_length`` was crammed (a lower bound too).
+HORIZON_STOP_REASONS = ("budget", "patience", "max_steps", "max_length")
+
+_TAG_HORIZON = 7  # seed domain of the horizon runs' initialisations (not the per-length runs')
+
+
+# --------------------------------------------------------------------------------------------
+# Parametrisations of the memory vectors
+# --------------------------------------------------------------------------------------------
+
+
+class _Param:
+    """``P = base + Q A`` (or ``P = Q`` for ``"full"``): the map from optimised Q to memory P."""
+
+    def __init__(self, kind: str, P0: torch.Tensor, mu, sd, emb, vocab: int, rank: int):
+        self.kind = kind
+        if kind == "full":
+            self.A = None
+            self.base = None
+            self.Q0 = P0.clone()
+        elif kind == "whitened":
+            self.base, self.scale = mu, torch.where(sd > 0, sd, torch.ones_like(sd))
+            self.Q0 = (P0 - mu) / self.scale
+        else:  # lowrank: the top principal directions of the embedding rows
+            n = min(vocab, 8192)
+            rng = np.random.default_rng(0)
+            ids = torch.as_tensor(np.sort(rng.choice(vocab, size=n, replace=False)),
+                                  device=P0.device)
+            E = embed_rows(emb, ids, chunk=n).float()
+            _, _, Vh = torch.linalg.svd(E - E.mean(0), full_matrices=False)
+            r = min(rank, Vh.shape[0])
+            self.A = Vh[:r].contiguous()  # (r, d)
+            self.base = P0.clone()
+            self.Q0 = torch.zeros(P0.shape[0], P0.shape[1], r, dtype=P0.dtype, device=P0.device)
+
+    def memory(self, Q: torch.Tensor, rows) -> torch.Tensor:
+        if self.kind == "full":
+            return Q
+        if self.kind == "whitened":
+            return self.base + self.scale * Q
+        return self.base[rows] + Q @ self.A
+
+
+# --------------------------------------------------------------------------------------------
+# The state of one batch (all rows kept; finished rows are masked out), saved as a checkpoint
+# --------------------------------------------------------------------------------------------
+
+
+_STATE_TENSORS = ("Q", "m1", "m2", "ta", "k", "h", "t_len", "t_total", "best_acc", "last_rise",
+                  "best_loss", "best_Q", "since_best", "lr_scale", "done", "cpu_s", "P_h",
+                  "last_acc", "last_loss")
+
+
+def _new_state(Q0: torch.Tensor, P0: torch.Tensor) -> dict:
+    B = Q0.shape[0]
+    dev = Q0.device
+    z = dict(dtype=torch.long, device=dev)
+    f = dict(dtype=torch.float64, device=dev)
+    return {
+        "Q": Q0.clone(), "m1": torch.zeros_like(Q0), "m2": torch.zeros_like(Q0),
+        "ta": torch.zeros(B, **z),  # Adam updates since its moments were last cleared
+        "k": torch.ones(B, **z),  # the length being crammed
+        "h": torch.zeros(B, **z),  # the longest length crammed so far
+        "t_len": torch.zeros(B, **z), "t_total": torch.zeros(B, **z),
+        "best_acc": torch.zeros(B, **f), "last_rise": torch.zeros(B, **z),
+        "best_loss": torch.full((B,), math.inf, **f), "best_Q": Q0.clone(),
+        "since_best": torch.zeros(B, **z), "lr_scale": torch.ones(B, **f),
+        "done": torch.zeros(B, dtype=torch.bool, device=dev), "cpu_s": torch.zeros(B, **f),
+        "P_h": P0.clone(), "last_acc": torch.zeros(B, **f), "last_loss": torch.zeros(B, **f),
+        "lengths_steps": [[] for _ in range(B)],  # per row: [length, updates spent] per attempt
+        "reason": [""] * B, "step": 0,
+    }
+
+
+def _save_checkpoint(path: Path, state: dict, shash: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"settings_hash": shash, "state": state}, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, shash: str):
+    if not path.exists():
+        return None
+    try:
+        ck = torch.load(path, weights_only=False)
+    except Exception:  # a torn checkpoint: start the batch again
+        return None
+    if ck.get("settings_hash") != shash:
+        return None
+    return ck["state"]
+
+
+# --------------------------------------------------------------------------------------------
+# The learning rate, and one batched Adam/AdamW update with per-row state
+# --------------------------------------------------------------------------------------------
+
+
+def _lr(proto: CramProtocol, t_total, t_len, lr_scale, budget: int) -> torch.Tensor:
+    """Per-row learning rate, float64 (b,)."""
+    lr = proto.lr * lr_scale
+    if proto.warmup:
+        lr = lr * torch.clamp((t_total.double() + 1) / proto.warmup, max=1.0)
+    if proto.schedule == "cosine":
+        frac = torch.clamp(t_len.double() / budget, max=1.0)
+        floor = proto.lr_floor
+        lr = lr * (floor + (1 - floor) * 0.5 * (1 + torch.cos(math.pi * frac)))
+    return lr
+
+
+def _adam_update(proto: CramProtocol, Q, g, m1, m2, ta, lr):
+    """Rows of Q after one Adam (AdamW with weight decay) update; returns (Q, m1, m2).
+
+    The formulas of ``torch.optim.Adam`` / ``AdamW`` (decoupled decay ``Q (1 - lr wd)``),
+    with a per-row step count ``ta`` (bias corrections) and per-row ``lr``.
+    """
+    b1, b2 = proto.betas
+    shape = (-1,) + (1,) * (Q.dim() - 1)
+    lr_t = lr.to(Q.dtype).reshape(shape)
+    if proto.weight_decay:
+        Q = Q * (1 - lr_t * proto.weight_decay)
+    m1 = m1 * b1 + g * (1 - b1)
+    m2 = m2 * b2 + g * g * (1 - b2)
+    bc1 = (1 - b1 ** (ta.double() + 1)).to(Q.dtype).reshape(shape)
+    bc2 = (1 - b2 ** (ta.double() + 1)).to(Q.dtype).reshape(shape)
+    Q = Q - lr_t * (m1 / bc1) / ((m2 / bc2).sqrt() + 1e-8)
+    return Q, m1, m2
+
+
+# --------------------------------------------------------------------------------------------
+# One batch
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Setup:
+    hf: torch.nn.Module
+    emb: torch.nn.Module
+    start: int | None
+    mdtype: torch.dtype
+    dev: torch.device
+    proto: CramProtocol
+    steps_per_length: int
+    max_steps: int
+    n_mem: int
+    bf16: bool
+    warm_start: bool
+    mu: torch.Tensor
+    sd: torch.Tensor
+    vocab: int
+    init_scale: float
+
+
+def _init_rows(su: _Setup, seeds: list) -> torch.Tensor:
+    d = int(su.mu.shape[0])
+    z = np.stack([np.random.default_rng(s).standard_normal((su.n_mem, d)).astype(np.float32)
+                  for s in seeds])
+    return su.mu + su.init_scale * su.sd * torch.as_tensor(z, device=su.dev)
+
+
+def _forward(su: _Setup, param: _Param, Q, rows, T, te, k):
+    """Per-token cross-entropy (b, K) with grad, the argmax hits (b, K), K."""
+    K = int(k.max())
+    P = param.memory(Q, rows)
+    x = torch.cat([prefix(P, su.emb, su.start, su.mdtype), te[rows, : K - 1]], dim=1)
+    logits = _model_forward(su.hf, x, K, su.bf16)
+    Tk = T[rows, :K]
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), Tk, reduction="none")
+    with torch.no_grad():
+        hits = logits.argmax(-1) == Tk
+    return ce, hits, K
+
+
+def _confirm_float32(su: _Setup, param: _Param, Q, rows, T, te, k):
+    """Leading-right counts (b,) of a float32 forward (bf16 stops are confirmed in float32)."""
+    with torch.no_grad():
+        bf = su.bf16
+        su.bf16 = False
+        try:
+            _, hits, _ = _forward(su, param, Q, rows, T, te, k)
+        finally:
+            su.bf16 = bf
+    return hits.long().cumprod(1).sum(1)
+
+
+def _run_adam_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, ckpt: Path | None,
+                    shash: str, checkpoint_every: int, bar):
+    """Progressive cramming of one batch with the Adam family; fills and returns ``state``."""
+    B, n_max = T.shape
+    with torch.no_grad():
+        te = su.emb(T[:, :-1]).to(su.mdtype) if n_max > 1 else \
+            torch.zeros(B, 0, su.mu.shape[0], dtype=su.mdtype, device=su.dev)
+    P0 = _init_rows(su, seeds)
+    param = _Param(su.proto.parametrisation, P0, su.mu, su.sd, su.emb, su.vocab, su.proto.rank)
+    if state is None:
+        state = _new_state(param.Q0, P0)
+    S = state
+    proto, budget = su.proto, su.steps_per_length
+    while not bool(S["done"].all()):
+        t0 = time.process_time()
+        rows = (~S["done"]).nonzero()[:, 0]
+        Q = S["Q"][rows].detach().requires_grad_(True)
+        k = S["k"][rows]
+        ce_tok, hits, K = _forward(su, param, Q, rows, T, te, k)
+        with torch.no_grad():
+            lead = hits.long().cumprod(1).sum(1)  # leading tokens right, within the window K
+            if su.bf16 and bool((lead >= k).any()):
+                grow_cand = lead >= k
+                lead32 = _confirm_float32(su, param, Q.detach(), rows, T, te, k)
+                lead = torch.where(grow_cand, lead32, lead)
+            grew = lead >= k
+            # rows that crammed their length: record, take the vector, grow
+            for r in grew.nonzero()[:, 0].tolist():
+                i = int(rows[r])
+                S["lengths_steps"][i].append([int(S["k"][i]), int(S["t_len"][i])])
+                # warm: every length up to the leading-right count is crammed by this vector;
+                # cold (the per-length protocol): exactly this length, the next starts afresh
+                c = int(lead[r]) if su.warm_start else int(S["k"][i])
+                S["h"][i] = c
+                S["P_h"][i] = param.memory(Q.detach()[r : r + 1], rows[r : r + 1])[0]
+                S["k"][i] = c + 1
+                S["t_len"][i] = 0
+                S["best_acc"][i] = 0.0
+                S["last_rise"][i] = 0
+                S["best_loss"][i] = math.inf
+                S["since_best"][i] = 0
+                S["best_Q"][i] = Q.detach()[r]
+                if proto.reset_on_grow:
+                    S["m1"][i] = 0
+                    S["m2"][i] = 0
+                    S["ta"][i] = 0
+                if not su.warm_start:  # a fresh start at every length (the per-length runs)
+                    S["Q"][i] = param.Q0[i]
+                    S["m1"][i] = 0
+                    S["m2"][i] = 0
+                    S["ta"][i] = 0
+                    S["lr_scale"][i] = 1.0
+                if c >= n_max:
+                    S["done"][i] = True
+                    S["reason"][i] = "max_length"
+        k_new = S["k"][rows]
+        # the loss of every row at its (possibly new) length, from the same forward
+        pos = torch.arange(K, device=su.dev)
+        mask = (pos[None, :] < k_new[:, None]).to(ce_tok.dtype)
+        ce = (ce_tok * mask).sum(1) / k_new.to(ce_tok.dtype)
+        with torch.no_grad():
+            acc = (hits.to(ce_tok.dtype) * mask).sum(1) / k_new.to(ce_tok.dtype)
+            # a row whose new length lies past this window, or that restarted cold, has no
+            # loss here: it takes no update this step
+            update = ~S["done"][rows] & (k_new <= K) & (su.warm_start | ~grew)
+            for r in (~grew & ~S["done"][rows]).nonzero()[:, 0].tolist():
+                i = int(rows[r])
+                a = float(acc[r])
+                S["last_acc"][i] = a
+                S["last_loss"][i] = float(ce[r])
+                if a > float(S["best_acc"][i]):
+                    S["best_acc"][i] = a
+                    S["last_rise"][i] = int(S["t_len"][i])
+                if float(ce[r]) < float(S["best_loss"][i]):
+                    S["best_loss"][i] = float(ce[r])
+                    S["best_Q"][i] = Q.detach()[r]
+                    S["since_best"][i] = 0
+                fail = None
+                if int(S["t_len"][i]) >= budget:
+                    fail = "budget"
+                elif proto.patience is not None and \
+                        int(S["t_len"][i]) - int(S["last_rise"][i]) >= proto.patience:
+                    fail = "patience"
+                elif int(S["t_total"][i]) >= su.max_steps:
+                    fail = "max_steps"
+                if fail is not None:
+                    S["lengths_steps"][i].append([int(S["k"][i]), int(S["t_len"][i])])
+                    S["done"][i] = True
+                    S["reason"][i] = fail
+                    update[r] = False
+        if bool(update.any()):
+            sel = update.nonzero()[:, 0]
+            (g,) = torch.autograd.grad(ce[sel].sum(), Q)
+            with torch.no_grad():
+                ri = rows[sel]
+                lr = _lr(proto, S["t_total"][ri], S["t_len"][ri], S["lr_scale"][ri], budget)
+                Qn, m1, m2 = _adam_update(proto, Q.detach()[sel], g[sel], S["m1"][ri],
+                                          S["m2"][ri], S["ta"][ri], lr)
+                S["Q"][ri], S["m1"][ri], S["m2"][ri] = Qn, m1, m2
+                S["ta"][ri] += 1
+                S["t_len"][ri] += 1
+                S["t_total"][ri] += 1
+                S["since_best"][ri] += 1
+                if proto.restart_after is not None:
+                    for i in ri[S["since_best"][ri] >= proto.restart_after].tolist():
+                        S["Q"][i] = S["best_Q"][i]
+                        S["m1"][i] = 0
+                        S["m2"][i] = 0
+                        S["ta"][i] = 0
+                        S["since_best"][i] = 0
+                        S["lr_scale"][i] *= proto.restart_lr_factor
+        dt = time.process_time() - t0
+        S["cpu_s"][rows] += dt / len(rows)  # the step's CPU time, shared by the rows in it
+        S["step"] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(running=int((~S["done"]).sum()),
+                            horizon=f"{float(S['h'].double().mean()):.1f}")
+        if ckpt is not None and S["step"] % checkpoint_every == 0:
+            _save_checkpoint(ckpt, S, shash)
+    return S
+
+
+def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **_):
+    """Progressive cramming with ``torch.optim.LBFGS``, one target at a time (its line search
+    is per problem); every closure evaluation (forward + backward) counts as one update."""
+    B, n_max = T.shape
+    with torch.no_grad():
+        te = su.emb(T[:, :-1]).to(su.mdtype) if n_max > 1 else \
+            torch.zeros(B, 0, su.mu.shape[0], dtype=su.mdtype, device=su.dev)
+    P0 = _init_rows(su, seeds)
+    param = _Param("full", P0, su.mu, su.sd, su.emb, su.vocab, 1)
+    S = _new_state(param.Q0, P0) if state is None else state
+    budget = su.steps_per_length
+    for i in range(B):
+        if bool(S["done"][i]):
+            continue
+        t0 = time.process_time()
+        rows = torch.tensor([i], device=su.dev)
+        q = S["Q"][i : i + 1].clone().requires_grad_(True)
+
+        def make_opt():
+            return torch.optim.LBFGS([q], lr=su.proto.lr, history_size=su.proto.lbfgs_history,
+                                     max_iter=1, line_search_fn="strong_wolfe")
+
+        opt = make_opt()
+        evals = [0]
+
+        def closure():
+            opt.zero_grad()
+            ce_tok, _, K = _forward(su, param, q, rows, T, te, S["k"][rows])
+            loss = ce_tok[0, : int(S["k"][i])].mean()
+            loss.backward()
+            evals[0] += 1
+            return loss
+
+        while True:
+            with torch.no_grad():
+                ce_tok, hits, K = _forward(su, param, q, rows, T, te, S["k"][rows])
+            lead = int(hits.long().cumprod(1).sum(1)[0])
+            k = int(S["k"][i])
+            if lead >= k and not su.warm_start:
+                lead = k
+            if lead >= k:
+                S["lengths_steps"][i].append([k, int(S["t_len"][i])])
+                S["h"][i] = lead
+                S["P_h"][i] = q.detach()[0]
+                S["k"][i] = lead + 1
+                S["t_len"][i] = 0
+                S["best_acc"][i] = 0.0
+                S["last_rise"][i] = 0
+                if not su.warm_start:
+                    with torch.no_grad():
+                        q.copy_(param.Q0[i : i + 1])
+                opt = make_opt()
+                if lead >= n_max:
+                    S["done"][i], S["reason"][i] = True, "max_length"
+                    break
+                continue
+            acc = float(hits[0, :k].double().mean())
+            S["last_acc"][i] = acc
+            S["last_loss"][i] = float(ce_tok[0, :k].mean())
+            if acc > float(S["best_acc"][i]):
+                S["best_acc"][i], S["last_rise"][i] = acc, int(S["t_len"][i])
+            fail = None
+            if int(S["t_len"][i]) >= budget:
+                fail = "budget"
+            elif su.proto.patience is not None and \
+                    int(S["t_len"][i]) - int(S["last_rise"][i]) >= su.proto.patience:
+                fail = "patience"
+            elif int(S["t_total"][i]) >= su.max_steps:
+                fail = "max_steps"
+            if fail is not None:
+                S["lengths_steps"][i].append([k, int(S["t_len"][i])])
+                S["done"][i], S["reason"][i] = True, fail
+                break
+            evals[0] = 0
+            opt.step(closure)
+            S["t_len"][i] += evals[0]
+            S["t_total"][i] += evals[0]
+            if not bool(torch.isfinite(q).all()):
+                raise FloatingPointError("horizons: L-BFGS produced non-finite memory vectors")
+            if bar is not None:
+                bar.update(evals[0])
+        S["Q"][i] = q.detach()[0]
+        S["cpu_s"][i] += time.process_time() - t0
+    return S
+
+
+# --------------------------------------------------------------------------------------------
+# The records, the file, and the public function
+# --------------------------------------------------------------------------------------------
+
+
+def _read_records(path) -> dict:
+    """Finished targets in a horizons JSONL file, keyed by (settings_hash, target_index)."""
+    import json
+
+    out = {}
+    if path is None or not os.path.exists(path):
+        return out
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by an interrupted run
+                continue
+            out[(r.get("settings_hash"), r.get("target_index"))] = r
+    return out
+
+
+def _targets_descriptor(T: np.ndarray) -> str:
+    return "given:" + hashlib.sha256(np.ascontiguousarray(T, np.int64).tobytes()).hexdigest()[:16]
+
+
+def horizons(
+    model,
+    n_mem: int,
+    *,
+    n_targets: int = 16,
+    max_length: int = 64,
+    target_source="random-tokens",
+    targets=None,
+    protocol=DEFAULT_PROTOCOL,
+    steps_per_length: int = 500,
+    max_steps: int | None = None,
+    seed=0,
+    start_token="auto",
+    batch_size: int = 16,
+    warm_start: bool = True,
+    init_scale: float = 1.0,
+    precision: str = "float32",
+    jsonl=None,
+    checkpoint_every: int = 25,
+    check_generation: bool = True,
+    n_boot: int = 1000,
+    device=None,
+    progress: bool = False,
+    max_batches: int | None = None,
+) -> HorizonCurve:
+    """Each target's horizon (longest crammable prefix) by progressive cramming.
+
+    Target j's memory vectors start at the embedding scale (as :func:`cram`, from
+    ``seed_sequence(seed, 7, n_mem, j)``), are optimised on ``x_1`` until it is the argmax,
+    then on ``x_1 x_2`` from there, and so on (``warm_start``): a length fails when
+    ``steps_per_length`` updates (or the protocol's patience) pass without 100% teacher-forced
+    token accuracy, and the target's horizon is the last length crammed. The paper's success
+    criterion (100% teacher-forced accuracy) is judged by the training forward itself (float32;
+    under ``"bf16-autocast"`` a success is confirmed by a float32 forward).
+
+    Parameters
+    ----------
+    model : embgeom.adapters.LoadedModel or transformers PreTrainedModel
+        A causal LM that accepts ``inputs_embeds``; frozen and in eval mode for the run
+        (restored afterwards).
+    n_mem : int
+        Memory vectors m per target (>= 1).
+    n_targets : int, default 16
+        Targets drawn with :func:`sample_targets` (ignored when ``targets`` is given).
+    max_length : int, default 64
+        The longest prefix tried (tokens); a target crammed up to it has a censored horizon
+        (``stop_reason`` ``"max_length"``).
+    target_source : {"random-tokens", "words", "wordlist"} or list of str
+        As :func:`sample_targets`; recorded in every record.
+    targets : array_like of int, shape (B, n), optional
+        Explicit targets (then ``max_length = n``).
+    protocol : str or CramProtocol, default :data:`DEFAULT_PROTOCOL`
+        The optimiser (:data:`embgeom.cramming.PROTOCOLS` lists the presets and their sources).
+    steps_per_length : int, default 500
+        Updates allowed for each new length (>= 1).
+    max_steps : int, optional
+        Cap on a target's updates over the whole run (default: no cap).
+    seed : int or SeedSequence, default 0
+        Seeds the targets (as :func:`sample_targets`) and the initialisations.
+    start_token : "auto", int or None
+        As :func:`cram` (BOS before the memory vectors by default).
+    batch_size : int, default 16
+        Targets per batch (fixed by target order: a rerun forms the same batches).
+    warm_start : bool, default True
+        False: restart from the initialisation at every length (each length then runs as a
+        fresh per-length run of the same budget: the check against per-length curves).
+    init_scale : float, default 1.0
+    precision : {"float32", "bf16-autocast"}, default "float32"
+    jsonl : path, optional
+        One JSON line per finished target; a rerun with the same settings skips those and
+        resumes a cut batch from ``<jsonl>.ckpt/batch_<b>.pt``.
+    checkpoint_every : int, default 25
+        Batch updates between checkpoints (with ``jsonl``).
+    check_generation : bool, default True
+        Also check that greedy generation from the horizon's memory vectors alone reproduces
+        the first h tokens (``generation_ok`` per record).
+    n_boot : int, default 1000
+        Bootstrap resamples of the n50 interval.
+    device : str or torch.device, optional
+    progress : bool, default False
+        tqdm bar over batch updates.
+    max_batches : int, optional
+        Run at most this many new batches, then return what the file holds (for time-boxed
+        sessions); None: all.
+
+    Returns
+    -------
+    HorizonCurve
+        The per-target horizons, ``accessibility(n) = P(h >= n)`` with Wilson intervals, and
+        ``n50`` (the median horizon, tokens) with a bootstrap interval; ``records`` holds the
+        per-target records (steps per length, CPU-seconds, stop reason); ``memory`` maps
+        the index of each target run by this call to its horizon's memory vectors (float32
+        (m, d): they cram its first h tokens), and ``targets`` holds the targets (int64
+        (B, max_length)).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad model, targets, protocol or budgets (checked before any work).
+    FloatingPointError
+        The optimisation diverged.
+    """
+    n_mem = check_positive_int(n_mem, "n_mem")
+    steps_per_length = check_positive_int(steps_per_length, "steps_per_length")
+    max_steps = None if max_steps is None else check_positive_int(max_steps, "max_steps")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    checkpoint_every = check_positive_int(checkpoint_every, "checkpoint_every")
+    n_boot = check_positive_int(n_boot, "n_boot", minimum=0)
+    if max_batches is not None:
+        max_batches = check_positive_int(max_batches, "max_batches", minimum=0)
+    for flag, name in ((warm_start, "warm_start"), (check_generation, "check_generation"),
+                       (progress, "progress")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {flag!r}")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    proto = get_protocol(protocol)
+    hf, tok, name, _ = unwrap(model)
+    emb = input_embeddings(hf)
+    vocab = vocab_rows(hf)
+    start = resolve_start_token(hf, tok, start_token, vocab)
+    if targets is not None:
+        T_np = check_targets(targets, vocab)
+        source = _targets_descriptor(T_np)
+    else:
+        max_length = check_positive_int(max_length, "max_length")
+        n_targets = check_positive_int(n_targets, "n_targets")
+        T_np = sample_targets(model, max_length, n_targets, target_source=target_source,
+                              seed=seed)
+        source = source_descriptor(target_source)
+    B_all, n_max = T_np.shape
+    device = check_device(device)
+    if device is not None:
+        hf.to(device)
+    dev, mdtype = model_device_dtype(hf)
+    settings = {
+        "kind": "horizons", "model": _model_fingerprint(hf, name),
+        "dtype": dtype_name(mdtype), "start_token": start, "n_mem": n_mem,
+        "protocol": proto.to_dict(), "steps_per_length": steps_per_length,
+        "max_steps": max_steps, "seed": seed if isinstance(seed, int) else repr(seed),
+        "target_source": source, "max_length": int(n_max), "batch_size": batch_size,
+        "warm_start": bool(warm_start), "init_scale": float(init_scale), "precision": precision,
+    }
+    shash = _settings_hash(settings)
+    done = _read_records(jsonl)
+    if jsonl is not None:
+        Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+    batches = [list(range(s, min(s + batch_size, B_all))) for s in range(0, B_all, batch_size)]
+    todo = [b for b, idx in enumerate(batches) if any((shash, j) not in done for j in idx)]
+    if max_batches is not None:
+        todo = todo[:max_batches]
+    memory: dict = {}
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=f"horizons m={n_mem} {proto.name}", unit="step", leave=False)
+    try:
+        with frozen(hf):
+            mu, sd = _embedding_stats(emb, vocab)
+            su = _Setup(hf, emb, start, mdtype, dev, proto, steps_per_length,
+                        max_steps if max_steps is not None else 2**62, n_mem,
+                        precision == "bf16-autocast", bool(warm_start), mu, sd, vocab,
+                        float(init_scale))
+            for b in todo:
+                idx = batches[b]
+                T = torch.as_tensor(T_np[idx], device=dev)
+                seeds = [seed_sequence(seed, _TAG_HORIZON, n_mem, j) for j in idx]
+                ckpt = None
+                state = None
+                if jsonl is not None:
+                    ck_dir = Path(str(jsonl) + ".ckpt")
+                    ck_dir.mkdir(exist_ok=True)
+                    ckpt = ck_dir / f"batch_{b}.pt"
+                    state = _load_checkpoint(ckpt, shash)
+                t_wall = time.perf_counter()
+                run = _run_lbfgs_batch if proto.algorithm == "lbfgs" else _run_adam_batch
+                S = run(su, T, seeds, state, ckpt=ckpt, shash=shash,
+                        checkpoint_every=checkpoint_every, bar=bar)
+                wall = time.perf_counter() - t_wall
+                recs = _records(su, S, idx, T_np[idx], shash, settings, wall, check_generation,
+                                hf)
+                for r, j in enumerate(idx):
+                    memory[j] = S["P_h"][r, :n_mem].detach().cpu().numpy().copy()
+                for r in recs:
+                    done[(shash, r["target_index"])] = r
+                if jsonl is not None:
+                    _append_lines(jsonl, [_json.dumps(r) for r in recs])
+                    if ckpt is not None and ckpt.exists():
+                        ckpt.unlink()
+    finally:
+        if bar is not None:
+            bar.close()
+    recs = [done[(shash, j)] for j in range(B_all) if (shash, j) in done]
+    curve = HorizonCurve.from_records(recs, n_mem=n_mem, max_length=int(n_max),
+                                      n_targets=B_all, settings=settings, n_boot=n_boot,
+                                      seed=seed if isinstance(seed, int) else 0)
+    curve.memory = memory
+    curve.targets = T_np
+    return curve
+
+
+def _records(su: _Setup, S: dict, idx, T_np, shash, settings, wall, check_generation, hf):
+    h = S["h"].cpu().numpy()
+    gen = [None] * len(idx)
+    if check_generation:
+        for r in range(len(idx)):
+            if h[r] > 0:
+                out = greedy_generate(hf, S["P_h"][r : r + 1, : su.n_mem].cpu().numpy(),
+                                      int(h[r]), start_token=su.start)
+                gen[r] = bool((out[0] == T_np[r, : h[r]]).all())
+    recs = []
+    for r, j in enumerate(idx):
+        recs.append({
+            "settings_hash": shash, "kind": "horizon", "target_index": int(j),
+            "n_mem": su.n_mem, "horizon": int(h[r]),
+            "censored": S["reason"][r] in ("max_length", "max_steps"),
+            "stop_reason": S["reason"][r], "protocol": su.proto.name,
+            "target_source": settings["target_source"],
+            "steps": int(S["t_total"][r]), "lengths_steps": S["lengths_steps"][r],
+            "cpu_s": float(S["cpu_s"][r]), "batch_wall_s": float(wall),
+            "accuracy_at_failure": float(S["last_acc"][r]),
+            "best_accuracy_at_failure": float(S["best_acc"][r]),
+            "loss_at_failure": float(S["last_loss"][r]),
+            "memory_norm": float(torch.linalg.vector_norm(S["P_h"][r]).cpu()),
+            "generation_ok": gen[r], "settings": settings,
+        })
+    return recs

@@ -1,0 +1,212 @@
+"""Per-target horizons by progressive cramming (embgeom.cramming.horizons), on tiny models.
+
+What can be wrong, and is checked here:
+- the horizon's memory vectors really cram the first h tokens (teacher-forced and greedy);
+- with ``warm_start=False`` each length is a fresh per-length run, so the horizon equals the
+  first failure of :func:`cram` run length by length with the same seed and budget;
+- a run cut short and resumed from its checkpoint gives the uninterrupted run's records;
+- P(h >= n) and n50 (median horizon) are computed right (hand-computed cases).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from embgeom.cramming import (
+    PROTOCOLS,
+    CramProtocol,
+    HorizonCurve,
+    cram,
+    greedy_generate,
+    horizons,
+    teacher_forced_accuracy,
+)
+from embgeom.cramming import _horizons
+from embgeom._validation import seed_sequence
+
+VOCAB, D = 96, 48
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _tiny(dtype=torch.float32, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=D, intermediate_size=2 * D,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=128, initializer_range=0.3,
+                      tie_word_embeddings=False, bos_token_id=1, attn_implementation="eager")
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _tiny()
+
+
+@pytest.fixture(scope="module")
+def run(tiny):
+    return horizons(tiny, 1, n_targets=8, max_length=12, protocol="adam", steps_per_length=80,
+                    n_boot=100, seed=0)
+
+
+# ------------------------------------------------------------------ HorizonCurve, by hand
+
+
+def test_curve_accessibility_and_n50_by_hand():
+    recs = [{"target_index": j, "horizon": h, "censored": False}
+            for j, h in enumerate([3, 5, 5, 8])]
+    c = HorizonCurve.from_records(recs, n_mem=1, max_length=8, n_boot=200)
+    n, p, lo, hi = c.accessibility()
+    np.testing.assert_array_equal(n, np.arange(1, 9))
+    np.testing.assert_allclose(p, [1, 1, 1, 0.75, 0.75, 0.25, 0.25, 0.25])
+    assert np.all(lo <= p) and np.all(p <= hi)
+    r = c.n50()
+    assert r["n50"] == 5.0 and not r["censored"]
+    assert 3 <= r["lower"] <= 5 <= r["upper"] <= 8
+    ac = c.as_accessibility_curve()
+    np.testing.assert_array_equal(ac.successes, [4, 4, 4, 3, 3, 1, 1, 1])
+    # a censored horizon at or below the median makes n50 a lower bound
+    recs[0]["censored"] = True
+    assert HorizonCurve.from_records(recs, n_mem=1, max_length=8).n50()["censored"]
+    recs[0]["censored"], recs[3]["censored"] = False, True
+    assert not HorizonCurve.from_records(recs, n_mem=1, max_length=8).n50()["censored"]
+
+
+def test_curve_rejects_bad_records():
+    with pytest.raises(ValueError, match="horizon"):
+        HorizonCurve.from_records([{"target_index": 0}], n_mem=1, max_length=4)
+    with pytest.raises(ValueError, match="no finished target"):
+        HorizonCurve.from_records([], n_mem=1, max_length=4).n50()
+
+
+# ------------------------------------------------------------------ protocols
+
+
+def test_protocols_validate_and_have_sources():
+    for name, p in PROTOCOLS.items():
+        assert p.name == name and len(p.source) > 20
+    with pytest.raises(ValueError, match="lr"):
+        CramProtocol("x", "s", lr=-1.0)
+    with pytest.raises(ValueError, match="betas"):
+        CramProtocol("x", "s", betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="parametrisation"):
+        CramProtocol("x", "s", algorithm="lbfgs", parametrisation="whitened")
+    with pytest.raises(ValueError, match="protocol"):
+        _horizons.get_protocol("no-such-optimiser")
+
+
+def test_bad_arguments_are_named(tiny):
+    with pytest.raises(ValueError, match="steps_per_length"):
+        horizons(tiny, 1, n_targets=2, max_length=4, steps_per_length=0)
+    with pytest.raises(ValueError, match="n_mem"):
+        horizons(tiny, 0, n_targets=2, max_length=4)
+    with pytest.raises(TypeError, match="protocol"):
+        horizons(tiny, 1, n_targets=2, max_length=4, protocol=3)
+    with pytest.raises(ValueError, match="precision"):
+        horizons(tiny, 1, n_targets=2, max_length=4, precision="fp8")
+
+
+# ------------------------------------------------------------------ the runs
+
+
+def test_horizon_vectors_cram_their_prefix(tiny, run):
+    T = run.targets
+    assert run.complete and len(run.memory) == 8
+    assert run.horizons.max() > run.horizons.min()  # a real spread at this budget
+    for r in run.records:
+        j, h = r["target_index"], r["horizon"]
+        lengths = [L for L, _ in r["lengths_steps"]]
+        assert lengths == sorted(set(lengths))  # each length tried once, growing
+        if r["stop_reason"] == "budget":
+            assert lengths[-1] == h + 1 and r["lengths_steps"][-1][1] == 80
+        if h == 0:
+            continue
+        acc = teacher_forced_accuracy(tiny, run.memory[j][None], T[j : j + 1, :h])
+        assert acc[0] == 1.0
+        gen = greedy_generate(tiny, run.memory[j][None], h)
+        assert (gen[0] == T[j, :h]).all() and r["generation_ok"]
+
+
+def test_accessibility_is_p_h_at_least_n(run):
+    n, p, _, _ = run.accessibility()
+    assert np.all(np.diff(p) <= 0)
+    for L, pL in zip(n, p):
+        assert pL == np.mean(run.horizons >= L)
+
+
+def test_cold_start_equals_per_length_cram():
+    """warm_start=False: each length a fresh run of the same budget from the same start, so
+    the horizon is one less than the first length cram() fails (float64: no rounding flips)."""
+    m = _tiny(torch.float64, seed=1)
+    S = 60
+    hc = horizons(m, 1, n_targets=4, max_length=8, protocol="adam", steps_per_length=S,
+                  warm_start=False, check_generation=False, n_boot=0, batch_size=4)
+    T = hc.targets
+    for r in hc.records:
+        j, h = r["target_index"], r["horizon"]
+        seeds = [seed_sequence(0, _horizons._TAG_HORIZON, 1, j)]
+        for k in range(1, min(h + 1, 8) + 1):
+            res = cram(m, T[j : j + 1, :k], 1, steps=S, lr=1e-2, seed=seeds,
+                       check_generation=False)
+            assert bool(res.success[0]) == (k <= h), (j, k, h)
+            if k <= h:  # the same number of updates to success
+                assert int(res.steps[0]) == dict(map(tuple, r["lengths_steps"]))[k]
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_resume_from_checkpoint_equals_uninterrupted(tiny, tmp_path, monkeypatch):
+    kw = dict(n_targets=4, max_length=10, protocol="progressive", steps_per_length=40,
+              check_generation=False, n_boot=0, batch_size=4, checkpoint_every=5)
+    whole = horizons(tiny, 1, jsonl=tmp_path / "a.jsonl", **kw)
+    calls = {"n": 0}
+    real = _horizons._adam_update
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 23:  # after 4 checkpoints, mid-interval
+            raise _Stop
+        return real(*a, **k)
+
+    monkeypatch.setattr(_horizons, "_adam_update", flaky)
+    with pytest.raises(_Stop):
+        horizons(tiny, 1, jsonl=tmp_path / "b.jsonl", **kw)
+    assert (tmp_path / "b.jsonl.ckpt" / "batch_0.pt").exists()
+    monkeypatch.setattr(_horizons, "_adam_update", real)
+    resumed = horizons(tiny, 1, jsonl=tmp_path / "b.jsonl", **kw)
+    np.testing.assert_array_equal(whole.horizons, resumed.horizons)
+    for a, b in zip(whole.records, resumed.records):
+        for key in ("horizon", "steps", "lengths_steps", "stop_reason", "loss_at_failure"):
+            assert a[key] == b[key], key
+    assert not (tmp_path / "b.jsonl.ckpt" / "batch_0.pt").exists()
+    # a rerun finds every record and runs nothing
+    lines = (tmp_path / "b.jsonl").read_text().splitlines()
+    again = horizons(tiny, 1, jsonl=tmp_path / "b.jsonl", **kw)
+    assert (tmp_path / "b.jsonl").read_text().splitlines() == lines
+    np.testing.assert_array_equal(again.horizons, whole.horizons)
+    for line in lines:
+        json.loads(line)  # strict JSON
+
+
+@pytest.mark.parametrize("name", ["cosine", "restarts", "whitened", "lowrank", "lbfgs"])
+def test_every_preset_runs_and_crams(tiny, name):
+    hc = horizons(tiny, 1, n_targets=2, max_length=6, protocol=name, steps_per_length=30,
+                  n_boot=0, check_generation=True)
+    for r in hc.records:
+        assert r["protocol"] == name and r["stop_reason"] in _horizons.HORIZON_STOP_REASONS
+        if r["horizon"]:
+            assert r["generation_ok"]

@@ -210,3 +210,42 @@ def test_every_preset_runs_and_crams(tiny, name):
         assert r["protocol"] == name and r["stop_reason"] in _horizons.HORIZON_STOP_REASONS
         if r["horizon"]:
             assert r["generation_ok"]
+
+
+# ------------------------------------------------------------------ the job and its summary
+
+
+def test_budget_converged_rule():
+    from embgeom.cramming import budget_converged
+
+    r = budget_converged({1000: 10.0, 3000: 20.0, 10000: 21.5})
+    assert r["converged"] and r["budgets"] == [3000, 10000] and abs(r["change"] - 0.075) < 1e-12
+    r = budget_converged({3000: 20.0, 1000: 10.0, 10000: 22.5})  # order does not matter
+    assert not r["converged"] and abs(r["change"] - 0.125) < 1e-12
+    with pytest.raises(ValueError, match="two budgets"):
+        budget_converged({1000: 3.0})
+    with pytest.raises(ValueError, match="finite"):
+        budget_converged({1000: 3.0, 3000: float("nan")})
+
+
+def test_run_horizons_summary_is_read_by_the_report(tiny, tmp_path):
+    from embgeom.cramming import run_horizons
+    from embgeom.report import read_cram_summary
+
+    s = run_horizons(tiny, [1, 2], tmp_path, n_targets=4, max_length={1: 8, 2: 12},
+                     protocol="progressive", steps_per_length=40, n_boot=50, progress=False)
+    assert s["kind"] == "horizons" and set(s["n50"]) == {"1", "2"}
+    for m in ("1", "2"):
+        h = np.array(s["horizons"][m]["horizons"])
+        assert s["n50"][m]["n50"] == float(np.median(h))
+        # the curve is P(h >= n) at every n
+        c = s["curves"][m]
+        np.testing.assert_allclose(c["accessibility"],
+                                   [np.mean(h >= n) for n in c["lengths"]])
+    assert (tmp_path / "cram_summary.md").read_text().startswith("# Cramming horizons")
+    assert "lower bound" in (tmp_path / "cram_summary.md").read_text()
+    json.loads((tmp_path / "cram_summary.json").read_text())
+    r = read_cram_summary(tmp_path)
+    assert r["n50"]["1"]["n50"] == s["n50"]["1"]["n50"]
+    assert r["protocol"] == "progressive" and r["kind"] == "horizons"
+    assert r["converged"] is None and r["target_source"] == "random-tokens"

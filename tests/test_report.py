@@ -355,6 +355,12 @@ def test_report_end_to_end_on_a_tiny_model(tiny_loaded, tmp_path):
     # C_emp from the cram summary, and the ratio
     assert ans["c_emp"]["measured"] and ans["c_emp"]["value"] == 2.0
     assert ans["c_emp"]["ratio"] == pytest.approx(ans["bound"]["slope"] / 2.0)
+    # a per-length summary without a budget sweep: C_emp is stated as a lower bound, with
+    # how it was measured
+    c_line = next(line for line in ans["lines"] if line.startswith("- **C_emp**"))
+    assert ans["c_emp"]["converged"] is None and ans["c_emp"]["kind"] == "per-length"
+    assert c_line.startswith("- **C_emp** >= 2 ") and "lower bound on the model's capacity" in c_line
+    assert "no budget sweep" in c_line and "upper bound on the bound's looseness" in c_line
     # the two planted duplicates are found, and the exact scan names them as the cause
     assert disk["cells"]["duplicates"]["n_duplicates"] == 2
     assert ans["unargmaxable"]["count"] >= 2 and "20 = 3" in ans["unargmaxable"]["sentence"]

@@ -29,6 +29,8 @@ Public API
 - :func:`fit_slope`: ``C_emp`` with intervals and R^2, ratio against ``C_theory``.
 - :func:`theory_slope`: ``C_theory`` from :mod:`embgeom.bounds`.
 - :func:`plot_accessibility`, :func:`plot_n50`: PNG figures.
+- :func:`run_horizons`: the horizons job (``embgeom cram --horizons``), same summary format;
+  :func:`budget_converged`: the budget-sweep rule (n50 changes by < 10%).
 - :func:`run_cram`: the whole ``embgeom cram`` job (JSONL + JSON summary + PNGs).
 
 Layout
@@ -69,6 +71,8 @@ __all__ = [
     "CramProtocol",
     "PROTOCOLS",
     "DEFAULT_PROTOCOL",
+    "run_horizons",
+    "budget_converged",
 ]
 
 #: Where each public name lives (the module is imported on first access).
@@ -93,11 +97,13 @@ _HOME = {
     "CramProtocol": "_protocols",
     "PROTOCOLS": "_protocols",
     "DEFAULT_PROTOCOL": "_protocols",
+    "run_horizons": "_horizon_run",
+    "budget_converged": "_horizon_run",
 }
 
 
 _SUBMODULES = ("analysis", "plots", "_optimise", "_checks", "_targets", "_curve", "_run",
-               "_horizons", "_protocols")
+               "_horizons", "_protocols", "_horizon_run")
 
 
 def __getattr__(name):

@@ -294,16 +294,36 @@ def _summary_markdown(summary: dict) -> str:
     from embgeom.report._markdown import fmt, md_table
 
     st = summary["settings"]
-    lines = [
-        f"# Cramming: {summary['model']}",
-        "",
-        f"dtype {summary['dtype']} on {summary['device']}; start token {st.get('start_token')}; "
-        f"Adam lr {st['lr']}, at most {st['steps']} steps; {st['n_targets']} targets per length "
-        f"({st['target_source']}), seed {st['seed']}; wall {summary['wall_s']:.0f} s.",
-    ]
+    if summary.get("kind") == "horizons":
+        p = st["protocol"]
+        conv = st.get("converged")
+        lines = [
+            f"# Cramming horizons: {summary['model']}",
+            "",
+            f"dtype {summary['dtype']} on {summary['device']}; start token "
+            f"{st.get('start_token')}; protocol {p['name']} ({p['source']}); at most "
+            f"{st['steps_per_length']} updates per length"
+            + (f", {st['max_steps']} per target" if st.get("max_steps") else "")
+            + f"; {st['n_targets']} targets ({st['target_source']}), seed {st['seed']}; "
+            f"wall {summary['wall_s']:.0f} s.",
+            "Accessibility(n) = P(h >= n) over the targets' horizons h; n50 = median horizon. "
+            + ("n50 has converged in the budget (change " f"{conv['change']:.1%})."
+               if conv and conv.get("converged") else
+               "n50 is not known to have converged in the budget: it is a lower bound on the "
+               "model's capacity."),
+        ]
+    else:
+        lines = [
+            f"# Cramming: {summary['model']}",
+            "",
+            f"dtype {summary['dtype']} on {summary['device']}; start token "
+            f"{st.get('start_token')}; Adam lr {st['lr']}, at most {st['steps']} steps; "
+            f"{st['n_targets']} targets per length ({st['target_source']}), seed {st['seed']}; "
+            f"wall {summary['wall_s']:.0f} s.",
+        ]
     extra = [f"{k} {st[k]}" for k in ("precision", "weight_decay", "patience", "betas")
              if st.get(k) not in (None, 0, 0.0, "float32")]
-    if st.get("protocol"):
+    if st.get("protocol") and summary.get("kind") != "horizons":
         extra.insert(0, f"protocol {st['protocol'].get('name', 'custom')}")
     if extra:
         lines.append("Settings: " + "; ".join(extra) + ".")

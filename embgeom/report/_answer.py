@@ -97,7 +97,8 @@ def build_answer(model: dict, supports: dict, cells: dict, bounds: dict, *,
     ce = bounds.get("c_emp")
     ans["c_emp"] = {"measured": ce is not None, "value": ce, "lower": bounds.get("c_emp_lower"),
                     "upper": bounds.get("c_emp_upper"), "source": bounds.get("c_emp_source"),
-                    "ratio": bounds["ratio"].get(tight) if (ce and tight) else None}
+                    "ratio": bounds["ratio"].get(tight) if (ce and tight) else None,
+                    **_measurement(bounds.get("c_emp_measurement") or {}, bounds)}
     un = cells.get("unargmaxable")
     ans["unargmaxable"] = {"count": None if un is None else un["n_unargmaxable"],
                            "n_duplicates": (cells.get("duplicates") or {}).get("n_duplicates"),
@@ -106,6 +107,29 @@ def build_answer(model: dict, supports: dict, cells: dict, bounds: dict, *,
                                 if bounds.get("paper_exceeds_rigorous") else None)
     ans["lines"] = answer_lines(ans, bounds)
     return ans
+
+
+def _measurement(meas: dict, bounds: dict) -> dict:
+    """How C_emp was measured, as fields and one phrase: protocol, budget, source, converged."""
+    kind = meas.get("kind") or "per-length"
+    proto = meas.get("protocol") or ("adam (per-length default)" if kind == "per-length"
+                                     else "custom")
+    budget = meas.get("steps_per_length")
+    parts = [f"{kind} cramming, protocol {proto}"]
+    if budget is not None:
+        parts.append(f"at most {budget} steps per length"
+                     + (f", {meas['max_steps']} per target" if meas.get("max_steps") else ""))
+    if meas.get("target_source"):
+        parts.append(f"targets {meas['target_source']}")
+    conv = meas.get("converged")
+    parts.append("n50 converged in the budget" if conv else
+                 "n50 not converged" if conv is False else "no budget sweep")
+    src = bounds.get("c_emp_source")
+    if src:
+        parts.append(str(src))
+    return {"kind": kind, "protocol": proto, "steps_per_length": budget,
+            "target_source": meas.get("target_source"), "converged": conv,
+            "how": "; ".join(parts)}
 
 
 def answer_lines(ans: dict, bounds: dict) -> list[str]:
@@ -135,8 +159,15 @@ def answer_lines(ans: dict, bounds: dict) -> list[str]:
         ratio = c["ratio"]
         verdict = ("" if ratio is None else
                    " (>= 1: the bound holds)" if ratio >= 1 else " (< 1: the bound is broken)")
-        lines.append(f"- **C_emp** = {c['value']:.4g}{iv} tokens per prompt vector "
-                     f"({c['source']}); C / C_emp = {fmt(ratio)}{verdict}.")
+        if c.get("converged"):
+            lines.append(f"- **C_emp** = {c['value']:.4g}{iv} tokens per prompt vector "
+                         f"({c['how']}); C / C_emp = {fmt(ratio)}{verdict}.")
+        else:
+            lines.append(f"- **C_emp** >= {c['value']:.4g}{iv} tokens per prompt vector "
+                         f"({c['how']}): its n50 has not been shown to converge in the step "
+                         "budget, so C_emp is a lower bound on the model's capacity and "
+                         f"C / C_emp = {fmt(ratio)} an upper bound on the bound's looseness"
+                         f"{verdict}.")
     else:
         lines.append("- **C_emp**: not measured (no cramming summary for this model: run "
                      "`embgeom cram` and pass `--cram-summary`).")

@@ -26,7 +26,12 @@ def read_cram_summary(path, model_name: str | None = None) -> dict:
     dict
         ``c_emp``, ``c_emp_lower``, ``c_emp_upper`` (tokens per prompt vector; None when the
         run had fewer than two finite n50), ``r2`` (the fit's uncentred R^2), ``n50`` ``{m:
-        {"n50", "lower", "upper"}}``, ``model``, ``source`` (the file), ``fit_error``.
+        {"n50", "lower", "upper"}}``, ``model``, ``source`` (the file), ``fit_error``, and how
+        C_emp was measured: ``kind`` (``"horizons"`` or ``"per-length"``), ``protocol`` (the
+        preset's name, or None for the per-length default), ``steps_per_length`` (the step
+        budget per length), ``max_steps``, ``target_source``, ``converged`` (True/False from a
+        budget sweep, None when none was run) and ``curves`` ``{m: {"lengths",
+        "accessibility", "lower", "upper"}}`` (the measured accessibility).
 
     Raises
     ------
@@ -51,10 +56,20 @@ def read_cram_summary(path, model_name: str | None = None) -> dict:
     fit = data.get("fit") or {}
     n50 = {str(m): {k: v.get(k) for k in ("n50", "lower", "upper")}
            for m, v in (data.get("n50") or {}).items() if isinstance(v, dict)}
+    st = data.get("settings") or {}
+    proto = st.get("protocol")
+    conv = st.get("converged")
+    curves = {str(m): {k: c.get(k) for k in ("lengths", "accessibility", "lower", "upper")}
+              for m, c in (data.get("curves") or {}).items() if isinstance(c, dict)}
     return {"c_emp": fit.get("c_emp"), "c_emp_lower": fit.get("c_emp_lower"),
             "c_emp_upper": fit.get("c_emp_upper"), "r2": fit.get("r2_uncentred"),
             "n50": n50, "model": data["model"], "source": str(p),
-            "fit_error": data.get("fit_error")}
+            "fit_error": data.get("fit_error"), "kind": data.get("kind", "per-length"),
+            "protocol": proto.get("name") if isinstance(proto, dict) else proto,
+            "steps_per_length": st.get("steps_per_length", st.get("steps")),
+            "max_steps": st.get("max_steps"), "target_source": st.get("target_source"),
+            "converged": conv.get("converged") if isinstance(conv, dict) else None,
+            "curves": curves}
 
 
 def find_cram_summary(model_name: str, search_dirs=CRAM_SEARCH_DIRS, root=".") -> dict | None:

@@ -1,0 +1,164 @@
+"""The horizons job (``embgeom cram --horizons``): horizons per m, n50, C_emp, files on disk.
+
+:func:`run_horizons` is :func:`embgeom.cramming.run_cram`'s sister for progressive cramming: one
+:func:`horizons` run per m into one JSONL file (resumable), n50 = median horizon per m, the slope
+``C_emp`` by :func:`fit_slope`, and a ``cram_summary.json`` that :func:`embgeom.report.
+read_cram_summary` reads (with ``kind: "horizons"``, the protocol, the budget, the target source
+and, when a budget sweep was given, whether n50 converged).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from embgeom._hf import dtype_name, model_device_dtype, unwrap
+from embgeom._validation import check_positive_int
+
+from ._horizons import horizons
+from ._protocols import DEFAULT_PROTOCOL, get_protocol
+from ._run import _check_out_dir, _fit, _load, _write_summary
+from ._targets import source_descriptor
+from .plots import plot_accessibility, plot_n50
+
+__all__ = ["run_horizons", "budget_converged"]
+
+
+def budget_converged(n50_by_budget: dict, *, tolerance: float = 0.1) -> dict:
+    """Whether n50 has converged in the step budget: it changes by less than ``tolerance``
+    (relative) from the second-largest budget to the largest.
+
+    Parameters
+    ----------
+    n50_by_budget : mapping {budget (int, updates per length): n50 (float, tokens)}
+        At least two budgets.
+    tolerance : float, default 0.1
+        Issue 23's rule: converged when the change is < 10%.
+
+    Returns
+    -------
+    dict
+        ``converged`` (bool), ``change`` (relative change, float), ``budgets`` (the two
+        compared), ``n50`` (their n50s).
+
+    Raises
+    ------
+    ValueError
+        Fewer than two budgets, or a non-finite or non-positive n50 at the second budget.
+    """
+    items = sorted((check_positive_int(b, "n50_by_budget key"), float(v))
+                   for b, v in dict(n50_by_budget).items())
+    if len(items) < 2:
+        raise ValueError("n50_by_budget: expected at least two budgets")
+    (b2, n2), (b3, n3) = items[-2], items[-1]
+    if not (np.isfinite(n2) and n2 > 0 and np.isfinite(n3)):
+        raise ValueError(f"n50_by_budget: n50 at budgets {b2} and {b3} must be finite and > 0, "
+                         f"got {n2}, {n3}")
+    change = abs(n3 - n2) / n2
+    return {"converged": bool(change < tolerance), "change": change, "budgets": [b2, b3],
+            "n50": [n2, n3], "tolerance": tolerance}
+
+
+def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: int = 64,
+                 target_source="random-tokens", protocol=DEFAULT_PROTOCOL,
+                 steps_per_length: int = 500, max_steps: int | None = None, seed: int = 0,
+                 batch_size: int = 16, precision: str = "float32", n_boot: int = 1000,
+                 c_theory: float | None = None, check_generation: bool = True,
+                 start_token="auto", plot: bool = True, progress: bool = True,
+                 converged: dict | None = None, device=None) -> dict:
+    """Horizons for each m, their n50 (median horizon), C_emp, and the files.
+
+    Writes into ``out_dir``: ``horizons.jsonl`` (one line per target; a rerun resumes),
+    ``cram_summary.json`` / ``.md`` and with ``plot`` ``accessibility.png`` (P(h >= n) per m)
+    and ``n50_vs_m.png``.
+
+    Parameters
+    ----------
+    model_name : str, LoadedModel or HF causal LM
+    mems : sequence of int
+        Numbers of memory vectors m.
+    out_dir : str or Path
+    n_targets, max_length, target_source, protocol, steps_per_length, max_steps, seed,
+    batch_size, precision, check_generation, start_token, device :
+        see :func:`horizons` (``max_length`` may also be a dict {m: length}).
+    n_boot : int, default 1000
+    c_theory : float, optional
+        C_theory for the ratio of :func:`fit_slope`.
+    plot, progress : bool
+    converged : dict, optional
+        A :func:`budget_converged` result for this protocol, stored in the summary (None: the
+        budget sweep was not run, and the summary says n50 is not known to be converged).
+
+    Returns
+    -------
+    dict (JSON-able)
+        As :func:`run_cram`'s summary (``model``, ``curves``, ``n50``, ``fit``, ...), with
+        ``kind = "horizons"`` and in ``settings`` the protocol (name, source, fields), the
+        budget, the target source and ``converged``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments (before the model is loaded where possible).
+    OSError
+        ``out_dir`` cannot be written.
+    """
+    t0 = time.perf_counter()
+    ms = sorted({check_positive_int(m, "mems") for m in np.atleast_1d(mems).tolist()})
+    if not ms:
+        raise ValueError("mems: expected at least one number of memory vectors")
+    proto = get_protocol(protocol)
+    lengths = {m: check_positive_int(max_length[m] if isinstance(max_length, dict)
+                                     else max_length, "max_length") for m in ms}
+    out = _check_out_dir(out_dir)
+    model = _load(model_name)
+    hf, _, name, _ = unwrap(model)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "horizons.jsonl"
+    curves, n50s = {}, {}
+    for m in ms:
+        hc = horizons(model, m, n_targets=n_targets, max_length=lengths[m],
+                      target_source=target_source, protocol=proto,
+                      steps_per_length=steps_per_length, max_steps=max_steps, seed=seed,
+                      start_token=start_token, batch_size=batch_size, precision=precision,
+                      jsonl=jsonl, check_generation=check_generation, n_boot=n_boot,
+                      device=device, progress=progress)
+        curves[m] = hc
+        n50s[m] = hc.n50()
+    dev, mdtype = model_device_dtype(hf)
+    finite, fit, fit_error = _fit(n50s, c_theory)
+    files = {"jsonl": str(jsonl)}
+    if plot:
+        files["accessibility_png"] = plot_accessibility(
+            {m: c.as_accessibility_curve() for m, c in curves.items()}, out / "accessibility.png")
+        if finite:
+            files["n50_png"] = plot_n50(finite, fit, out / "n50_vs_m.png")
+    settings = {
+        "kind": "horizons", "mems": ms, "n_targets": n_targets,
+        "max_length": {str(m): v for m, v in lengths.items()},
+        "protocol": {"name": proto.name, "source": proto.source, **proto.to_dict()},
+        "steps_per_length": steps_per_length, "max_steps": max_steps, "seed": seed,
+        "target_source": source_descriptor(target_source), "batch_size": batch_size,
+        "precision": precision, "n_boot": n_boot, "converged": converged,
+        "start_token": next(iter(curves.values())).settings.get("start_token"),
+        # the fields run_cram's markdown reads
+        "lr": proto.lr, "steps": steps_per_length,
+    }
+    summary = {
+        "kind": "horizons", "model": name, "source_dtype": getattr(model, "source_dtype", None),
+        "dtype": dtype_name(mdtype), "device": str(dev), "settings": settings,
+        "curves": {str(m): _curve_dict(c) for m, c in curves.items()},
+        "horizons": {str(m): c.to_dict() for m, c in curves.items()},
+        "n50": {str(m): v for m, v in n50s.items()}, "fit": fit, "fit_error": fit_error,
+        "files": files, "wall_s": time.perf_counter() - t0,
+    }
+    _write_summary(out, summary)
+    return summary
+
+
+def _curve_dict(hc) -> dict:
+    d = hc.as_accessibility_curve().to_dict()
+    d.pop("settings", None)
+    return d
+

@@ -461,3 +461,25 @@ def test_cell_shares_title_counts_unresolved_among_the_cells_drawn():
     assert _cell_shares_title("uniform Monte Carlo", 100_000, 34124, 49152, 49152).endswith(
         ", 100,000 samples\n69.4% of cells unresolved")
     assert "\n" not in _cell_shares_title("rare-event", None, 0, 1000, 49152)
+
+
+def test_accessibility_vs_bound_and_linear_law_figures(tmp_path):
+    """The measured P(h >= n) is drawn on the bound's axes; the linear law has both panels."""
+    from matplotlib.image import imread
+
+    from embgeom.report import figures
+
+    measured = {"1": {"lengths": [1, 2, 3, 4], "accessibility": [1, 1, 0.5, 0],
+                      "lower": [0.7, 0.7, 0.2, 0], "upper": [1, 1, 0.8, 0.3]}}
+    p = figures.plot_accessible_fraction({"ball (log|V|)": (500.0, None)}, 1000,
+                                         tmp_path / "af.png", m_values=(1, 2),
+                                         measured=measured)
+    a = imread(p)
+    assert a.shape[0] > a.shape[1]  # the top panel above the cliff panels
+    c = {"c_emp": 2.0, "c_emp_lower": 1.5, "c_emp_upper": 2.5,
+         "n50": {"1": {"n50": 2.5, "lower": 2.0, "upper": 3.0}, "2": {"n50": 4.0}}}
+    wide = imread(figures.plot_linear_law({"ball": 70.0}, tmp_path / "ll.png", c_emp=c))
+    narrow = imread(figures.plot_linear_law({"ball": 70.0}, tmp_path / "ll0.png"))
+    assert wide.shape[1] > 1.3 * narrow.shape[1]  # the measured panel beside the law
+    with pytest.raises(ValueError, match="curves"):
+        figures.plot_accessible_fraction({}, 1000, tmp_path / "x.png")

@@ -174,7 +174,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         if usable:
             curves[f"{tight} (lambda = {lam:.3g})"] = (lp_paper[tight], lam)
         figs["accessible_fraction"] = Path(figures.plot_accessible_fraction(
-            curves, V, out / "accessible_fraction.png", m_values=(1, 2, 4, 8))).name
+            curves, V, out / "accessible_fraction.png", m_values=(1, 2, 4, 8),
+            measured=c.get("curves") if ce else None)).name
     law = {k: slope[k] for k in lp_paper if is_valid[k]}
     ref = {} if law else {k: slope[k] for k in lp_paper}
     figs["linear_law"] = Path(figures.plot_linear_law(

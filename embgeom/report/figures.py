@@ -275,28 +275,35 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int = 50, title: str | Non
 
 
 def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 4, 8),
-                             decades: float = 10.0, n_max=None) -> str:
-    """The accessible-fraction bound around its cliff, one panel per number of prompt vectors.
+                             decades: float = 10.0, measured: dict | None = None) -> str:
+    """The measured accessibility beside the bound (top), and the bound near its cliff (below).
 
-    The bound ``min(1, P^m / |V|^n)`` (Thm 4.5 / Cor. 4.6; with a rate ``lambda``:
-    ``min(1, P^m e^{-lambda n})``) is 1 up to ``n*(m)`` and then falls by ``log10|V|`` decades
-    per token: over the whole length axis it is a vertical step. Each panel therefore shows
-    only the lengths where some curve changes, and the y axis only the first ``decades``
-    decades below 1.
+    Top panel (the paper's central figure): the accessible fraction against the sequence length
+    on a log axis. For every m with a measurement, the measured accessibility ``P(h >= n)``
+    (cramming: the share of random targets whose horizon reaches n) with its Wilson 95% band,
+    and in the same colour the bound ``min(1, P^m / |V|^n)`` (Thm 4.5 / Cor. 4.6) of the first
+    curve (the tightest valid support), so the gap between theory and measurement is read off
+    the x axis. Without a measurement the bound alone is drawn for ``m_values``.
+
+    Lower panels: one per m, the log10 of the bound over the few tokens where it falls
+    (``log10|V|`` decades per token past ``n*``; with a rate ``lambda``, ``lambda / ln 10``),
+    the first ``decades`` decades below 1.
 
     Parameters
     ----------
     curves : dict[str, tuple[float, float | None]]
-        Label -> ``(log_packing, rate)`` (nats; ``rate=None`` means ``log|V|``).
+        Label -> ``(log_packing, rate)`` (nats; ``rate=None`` means ``log|V|``). The first
+        entry is the bound drawn in the top panel.
     vocab_size : int
         ``|V|`` >= 2.
     path : str or Path
     m_values : sequence of int, default (1, 2, 4, 8)
-        One panel per ``m``.
+        One lower panel per ``m``.
     decades : float, default 10
-        Depth of the y axis below 0 (log10 units).
-    n_max : int, optional
-        Ignored (kept for the signature of earlier versions; each panel picks its own range).
+        Depth of the lower panels' y axis below 0 (log10 units).
+    measured : dict, optional
+        ``{m: {"lengths", "accessibility", "lower", "upper"}}`` (lists; e.g.
+        :func:`embgeom.report.read_cram_summary`'s ``curves``).
 
     Returns
     -------
@@ -313,10 +320,38 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
         raise ValueError("curves: expected at least one curve")
     V = check_positive_int(vocab_size, "vocab_size", minimum=2)
     ms = [check_positive_int(m, "m_values") for m in m_values]
+    measured = {int(k): v for k, v in (measured or {}).items()
+                if v and v.get("lengths")}
     ncol = 2 if len(ms) > 1 else 1
     nrow = -(-len(ms) // ncol)
-    fig = _figure(8.0, 2.9 * nrow + 0.6)
-    axes = np.atleast_1d(fig.subplots(nrow, ncol, squeeze=False)).ravel()
+    fig = _figure(8.0, 2.9 * nrow + 3.8)
+    gs = fig.add_gridspec(nrow + 1, ncol, height_ratios=[1.35] + [1.0] * nrow)
+    top = fig.add_subplot(gs[0, :])
+    (label0, (lp0, rate0)) = next(iter(curves.items()))
+    top_ms = sorted(measured) or ms
+    n_hi = max(float(n_star(m, lp0, V, rate0)) for m in top_ms) * 1.6 + 2
+    n_axis = np.unique(np.round(np.geomspace(1, n_hi, 600)).astype(np.int64))
+    for i, m in enumerate(top_ms):
+        col = f"C{i % 10}"
+        y = accessible_fraction_bound(n_axis, m, lp0, V, rate0)
+        top.plot(n_axis, y, "--", color=col, lw=1.3,
+                 label=f"bound, m = {m} ({label0}): n* = {float(n_star(m, lp0, V, rate0)):.0f}")
+        if m in measured:
+            c = measured[m]
+            x = np.asarray(c["lengths"], float)
+            top.step(x, c["accessibility"], where="mid", color=col, lw=1.8,
+                     label=f"measured P(h >= n), m = {m}")
+            top.fill_between(x, c["lower"], c["upper"], step="mid", color=col, alpha=0.2)
+    top.set_xscale("log")
+    top.set_ylim(-0.02, 1.05)
+    top.set_xlabel("sequence length n (tokens, log scale)", fontsize=8)
+    top.set_ylabel("accessible fraction", fontsize=8)
+    top.set_title("Measured accessibility (cramming, 95% Wilson) vs the bound"
+                  if measured else "The bound (no cramming measurement for this model)",
+                  fontsize=9)
+    top.grid(alpha=0.3, which="both")
+    top.legend(fontsize=6.5, loc="lower left", ncol=2)
+    axes = [fig.add_subplot(gs[1 + i // ncol, i % ncol]) for i in range(len(ms))]
     ln10 = math.log(10.0)
     for ax, m in zip(axes, ms):
         starts, ends = [], []
@@ -338,17 +373,20 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
         ax.set_xlabel("sequence length n (tokens)", fontsize=8)
         ax.set_ylabel("log10 fraction (bound)", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in axes[len(ms):]:
-        ax.set_visible(False)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Accessible-fraction bound near its cliff (falls log10|V| = {math.log10(V):.2f} "
-                 "decades per token past n*)", fontsize=10)
+    fig.suptitle(f"Accessible fraction: measurement and bound (the bound falls log10|V| = "
+                 f"{math.log10(V):.2f} decades per token past n*)", fontsize=10)
     return _save(fig, path)
 
 
 def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | None = None,
                     c_emp: dict | None = None) -> str:
-    """The linear law ``n*(m) = C m``: one line per valid support, and C_emp where measured.
+    """The linear law ``n*(m) = C m`` and the measured n50(m), readable together.
+
+    Left: every valid support's ``C m`` and the measured n50 points on a log y axis, so lines
+    hundreds of tokens high and n50 points of tens of tokens are both visible. Right (when
+    C_emp was measured): the n50 points with their intervals and the fit ``n50 = C_emp m`` on
+    linear axes, with ``C / C_emp`` of each valid support written in.
 
     Parameters
     ----------
@@ -361,8 +399,8 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
         Further slopes drawn grey and dashed (e.g. the cube, rejected supports).
     c_emp : dict, optional
         A cramming measurement: ``c_emp`` (tokens per vector), ``c_emp_lower``,
-        ``c_emp_upper`` and ``n50`` ``{m: {"n50", "lower", "upper"}}``; the n50 points with their
-        intervals and the fitted line are drawn. None: the figure says "not measured".
+        ``c_emp_upper`` and ``n50`` ``{m: {"n50", "lower", "upper"}}``. None: the figure says
+        "not measured".
 
     Returns
     -------
@@ -376,38 +414,60 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     if not slopes and not reference:
         raise ValueError("slopes: expected at least one slope")
     m_max = check_positive_int(m_max, "m_max")
-    m = np.arange(0, m_max + 1)
-    fig = _figure(7.5, 4.6)
-    ax = fig.subplots()
+    m = np.arange(1, m_max + 1)
+    measured = bool(c_emp and c_emp.get("c_emp") is not None)
+    fig = _figure(11.0 if measured else 7.5, 4.6)
+    axes = fig.subplots(1, 2 if measured else 1, squeeze=False).ravel()
+    ax = axes[0]
     for i, (label, C) in enumerate(sorted(slopes.items(), key=lambda kv: kv[1])):
         ax.plot(m, C * m, "-", color=f"C{i % 10}", lw=1.6, label=f"{label}: C = {C:.4g}")
     for label, C in (reference or {}).items():
         ax.plot(m, C * m, "--", color="0.55", lw=1.0, label=f"{label}: C = {C:.4g} (not the bound)")
-    if c_emp and c_emp.get("c_emp") is not None:
-        pts = c_emp.get("n50") or {}
-        xs, ys, los, his = [], [], [], []
-        for k, v in pts.items():
-            if v.get("n50") is None:
-                continue
-            xs.append(int(k))
-            ys.append(float(v["n50"]))
-            los.append(float(v["n50"]) - float(v["lower"] if v.get("lower") is not None else v["n50"]))
-            his.append(float(v["upper"] if v.get("upper") is not None else v["n50"]) - float(v["n50"]))
-        if xs:
-            ax.errorbar(xs, ys, yerr=[np.clip(los, 0, None), np.clip(his, 0, None)], fmt="ko",
-                        capsize=3, label="n50(m), cramming (95% bootstrap)")
+    pts = _n50_points(c_emp) if measured else None
+    if measured:
         ce = float(c_emp["c_emp"])
         lo, hi = c_emp.get("c_emp_lower"), c_emp.get("c_emp_upper")
-        ax.plot(m, ce * m, "k-", lw=1.0, label=f"C_emp = {ce:.3g}"
-                + (f" [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""))
+        for a in axes:
+            if pts[0]:
+                a.errorbar(pts[0], pts[1], yerr=pts[2], fmt="ko", capsize=3,
+                           label="n50(m), cramming (95% bootstrap)")
+            a.plot(m, ce * m, "k-", lw=1.0, label=f"C_emp = {ce:.3g}"
+                   + (f" [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""))
+        right = axes[1]
+        right.set_xlim(0, m_max + 0.5)
+        right.set_ylim(bottom=0)
+        right.set_xlabel("prompt vectors m")
+        right.set_ylabel("n50 (tokens)")
+        right.set_title("Measured: n50 = C_emp m", fontsize=10)
+        txt = "\n".join(f"{k}: C / C_emp = {C / ce:.3g}"
+                         for k, C in sorted(slopes.items(), key=lambda kv: kv[1]))
+        if txt:
+            right.text(0.02, 0.98, txt, transform=right.transAxes, ha="left", va="top",
+                       fontsize=7.5, color="0.25")
+        right.legend(fontsize=7.5, loc="lower right")
+        right.grid(alpha=0.3)
     else:
         ax.text(0.98, 0.03, "C_emp not measured (no cramming run)", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=8, color="0.3")
-    ax.set_xlim(0, m_max)
-    ax.set_ylim(bottom=0)
+    ax.set_yscale("log")
+    ax.set_xlim(0.8, m_max + 0.2)
     ax.set_xlabel("prompt vectors m")
-    ax.set_ylabel("longest fully accessible length n*(m) (tokens)")
-    ax.set_title("Linear law n*(m) <= C m (Cor. 4.6): valid supports")
-    ax.legend(fontsize=7.5, loc="upper left")
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("n*(m) bound and n50(m) (tokens, log scale)")
+    ax.set_title("Linear law n*(m) <= C m (Cor. 4.6): valid supports", fontsize=10)
+    ax.legend(fontsize=7, loc="center right")
+    ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
+
+
+def _n50_points(c_emp: dict):
+    """``(m list, n50 list, yerr 2 x k)`` of a measurement's finite n50 points."""
+    xs, ys, los, his = [], [], [], []
+    for k, v in (c_emp.get("n50") or {}).items():
+        if v.get("n50") is None:
+            continue
+        y = float(v["n50"])
+        xs.append(int(k))
+        ys.append(y)
+        los.append(y - float(v["lower"] if v.get("lower") is not None else y))
+        his.append(float(v["upper"] if v.get("upper") is not None else y) - y)
+    return xs, ys, [np.clip(los, 0, None), np.clip(his, 0, None)]

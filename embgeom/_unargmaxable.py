@@ -216,8 +216,11 @@ def prepare(dec: Decoder, support=None) -> ScanSetup:
     c_u = None if region.directions or region.c is None else region.c
     if c_u is not None:
         _check_bias_at_scale(c_u, region)
-    dec_u = Decoder(dec.W_[uniq], c_u, point_block=dec.point_block, vocab_block=dec.vocab_block)
-    row_max = float(np.max(np.linalg.norm(W64, axis=1)))
+    # the rows at the region's unit scale (exact: a power of two), so the witnesses' logits
+    # are the LPs' logits
+    W_u = np.ldexp(dec.W_[uniq], -region.w_exp).astype(np.float32)
+    dec_u = Decoder(W_u, c_u, point_block=dec.point_block, vocab_block=dec.vocab_block)
+    row_max = float(np.max(np.linalg.norm(region.Wr, axis=1)))
     bias_max = 0.0 if c_u is None else float(np.max(np.abs(c_u)))
     Wr = region.Wr
     mu = Wr.mean(axis=0)

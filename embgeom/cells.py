@@ -791,6 +791,28 @@ class _Region:
     name: str
     directions: bool  # witnesses are directions of a cone (bias ignored), not points
     scale_exp: int = 0  # region coordinates are true coordinates / 2^scale_exp
+    w_exp: int = 0  # Wr and c are the true rows and bias / 2^w_exp (the logits' unit scale)
+
+
+def _unit_rows(region: "_Region") -> "_Region":
+    """The region with its rows and bias divided by the power of two nearest ``max_s |w_s|``.
+
+    Dividing every logit ``w_s . h + b_s`` by the same positive number changes no cell, no
+    argmax and no LP's feasibility, so every LP of the library (the scan, the Chebyshev centre)
+    sees rows of norm about 1 whatever the scale of ``W``: HiGHS reads coefficients near 1e30 as
+    a model error (issue 21: a planted interior token came out "undecided" from W x 1e20 up),
+    and its tolerances are absolute. Exact (a power of two), so the answers are those of the
+    unscaled problem.
+    """
+    norms = np.linalg.norm(region.Wr, axis=1)
+    top = float(norms.max()) if norms.size else 0.0
+    j = int(np.round(np.log2(top))) if top > 0 and np.isfinite(top) else 0
+    if j == 0:
+        return region
+    region.Wr = np.ldexp(region.Wr, -j)
+    region.c = None if region.c is None else np.ldexp(region.c, -j)
+    region.w_exp = j
+    return region
 
 
 def _scaled_box(lb: np.ndarray, ub: np.ndarray, b64: np.ndarray | None):
@@ -810,7 +832,13 @@ def _scaled_box(lb: np.ndarray, ub: np.ndarray, b64: np.ndarray | None):
 
 def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, radius: float = 1.0) -> _Region:
     """Where the exact scan looks: the support answers through ``lp_region()`` (a box of linear
-    constraints) or ``star_about_origin()`` (a bias-free decoder's cells are cones)."""
+    constraints) or ``star_about_origin()`` (a bias-free decoder's cells are cones). The rows
+    and bias come back at unit scale (:func:`_unit_rows`)."""
+    return _unit_rows(_region_raw(dec, support, W64, b64, radius=radius))
+
+
+def _region_raw(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *,
+                radius: float = 1.0) -> _Region:
     d = W64.shape[1]
     ones = np.ones(d)
     if support is None:

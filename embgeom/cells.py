@@ -145,6 +145,7 @@ class Decoder:
         self.point_block = check_positive_int(point_block, "point_block")
         self.vocab_block = check_positive_int(vocab_block, "vocab_block")
         self._zero_bias = None
+        self._dups = {}  # method -> (rep, second) for decoders with exact duplicate rows
         self._nearest_bias = None
         self._row_norm_max = None
         self._bias_abs_max = 0.0
@@ -218,6 +219,7 @@ class Decoder:
         numpy buffers and the numba kernels take writable ones); ``W_`` is only read, so it stays
         shared (zero-copy) however large it is."""
         self.__dict__.update(state)
+        self.__dict__.setdefault("_dups", {})
         if self.bias_ is not None and not self.bias_.flags.writeable:
             self.bias_ = self.bias_.copy()
 
@@ -351,7 +353,49 @@ class Decoder:
             i1[rows] = e1
             if top2:
                 i2[rows] = e2
+        i1, i2 = self._lowest_duplicate(i1, i2, method)
         return i1, i2, exps, b64
+
+    def _duplicates(self, method: str):
+        """``(rep, second)`` int64 (n_tokens,) each, or None when no two rows are equal:
+        ``rep[t]``, the lowest id whose row (and bias, for ``"argmax"``) equals t's;
+        ``second[t]``, the second-lowest id of that group (-1 when t's row is unique).
+        Computed once per method (exact duplicates are known at construction)."""
+        if method not in self._dups:
+            from ._unargmaxable import _unique_rows
+
+            b = self.bias_ if method == "argmax" else None
+            uniq, rep = _unique_rows(self.W_, b)
+            if uniq.size == self.n_tokens:
+                self._dups[method] = None
+            else:
+                second = np.full(self.n_tokens, -1, np.int64)
+                order = np.lexsort((np.arange(self.n_tokens), rep))  # by group, then id
+                g = rep[order]
+                starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+                sizes = np.diff(np.r_[starts, g.size])
+                multi = starts[sizes > 1]
+                second[g[multi]] = order[multi + 1]
+                second = second[rep]
+                self._dups[method] = (rep, second)
+        return self._dups[method]
+
+    def _lowest_duplicate(self, i1, i2, method: str):
+        """Exact duplicate rows tie exactly, whatever rounding the blocked float32 product gave
+        them (it can put a copy's logit 1 ulp above the original's in some rows of a block):
+        the winner is the lowest id of its group and, when the group has two or more ids, the
+        runner-up is the group's second-lowest id (a tie: margin 0)."""
+        dup = self._duplicates(method)
+        if dup is None:
+            return i1, i2
+        rep, second = dup
+        valid = i1 >= 0
+        w = np.where(valid, rep[np.maximum(i1, 0)], i1)
+        if i2 is not None:
+            sec = np.where(valid, second[np.maximum(w, 0)], -1)
+            other = np.where(i2 >= 0, rep[np.maximum(i2, 0)], i2)
+            i2 = np.where(sec >= 0, sec, other)
+        return w, i2
 
     def _logits_at(self, H: np.ndarray, idx: np.ndarray, exps, b64) -> np.ndarray:
         """``w_idx . h + b_idx`` per row in float64, in the units of ``H`` (``-inf`` for id -1)."""

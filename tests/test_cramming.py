@@ -706,7 +706,9 @@ def _threshold_cram(threshold):
 
 def test_jsonl_line_cut_short_is_redone_once(tiny, monkeypatch, tmp_path):
     """An interrupted write leaves a fragment without a newline: the rerun redoes that target
-    on a line of its own, and a third run finds everything done."""
+    *with its original batch partners* (batched float32 is not exactly batch-independent, so
+    alone it could get another verdict; issue 21), writes only its record, on a line of its
+    own, and a third run finds everything done."""
     calls = []
 
     def counting(model, targets, n_mem, **kw):
@@ -719,11 +721,11 @@ def test_jsonl_line_cut_short_is_redone_once(tiny, monkeypatch, tmp_path):
     text = J.read_text()
     J.write_text(text[: text.rstrip("\n").rfind("\n") + 41])  # last line cut to 40 chars
     c = accessibility_curve(tiny, 1, [4], 3, jsonl=J, progress=False)
-    assert calls == [3, 1] and c.successes.tolist() == [3]
+    assert calls == [3, 3] and c.successes.tolist() == [3]
     lines = J.read_text().splitlines()
     assert len(lines) == 4 and sum(line.count("settings_hash") for line in lines) == 4
     accessibility_curve(tiny, 1, [4], 3, jsonl=J, progress=False)
-    assert calls == [3, 1]
+    assert calls == [3, 3]
 
 
 def test_adaptive_doubles_then_bisects(tiny, monkeypatch):

@@ -249,3 +249,28 @@ def test_run_horizons_summary_is_read_by_the_report(tiny, tmp_path):
     assert r["n50"]["1"]["n50"] == s["n50"]["1"]["n50"]
     assert r["protocol"] == "progressive" and r["kind"] == "horizons"
     assert r["converged"] is None and r["target_source"] == "random-tokens"
+
+
+# ------------------------------------------------------------------ per-length resume (issue 21)
+
+
+def test_per_length_resume_of_a_torn_record_reruns_its_whole_batch(tiny, tmp_path):
+    """The last record cut mid-write: the resumed file equals the uninterrupted one, record for
+    record (the torn target is crammed again with its original batch partners, not alone)."""
+    from embgeom.cramming import accessibility_curve
+
+    kw = dict(steps=60, lr=1e-2, batch_size=4, check_generation=False, progress=False)
+    path = tmp_path / "c.jsonl"
+    accessibility_curve(tiny, 1, [6], 8, jsonl=path, **kw)
+    whole = path.read_text().splitlines()
+    keep = "\n".join(whole[:-1]) + "\n" + whole[-1][: len(whole[-1]) // 2]
+    path.write_text(keep)  # the last target's line torn mid-write
+    accessibility_curve(tiny, 1, [6], 8, jsonl=path, **kw)
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")
+             and line.endswith("}")]
+    a = {json.loads(x)["target_index"]: json.loads(x) for x in whole}
+    b = {json.loads(x)["target_index"]: json.loads(x) for x in lines}
+    assert sorted(b) == sorted(a)
+    for j in a:
+        for key in ("success_teacher_forced", "steps", "loss", "accuracy", "memory_norm"):
+            assert a[j][key] == b[j][key], (j, key)

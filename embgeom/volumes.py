@@ -272,8 +272,8 @@ class CellVolumes:
             **self.extra,
         }
 
-    def histogram(self, ax=None, path=None, bins: int = 50, title: str | None = None):
-        """Histogram of per-token cell volumes: log10 fraction on x, number of tokens on y.
+    def histogram(self, ax=None, path=None, bins: int | None = None, title: str | None = None):
+        """Histogram of per-token cell volumes: log-share in nats on x, number of tokens on y.
 
         With rare-event estimates (``token_method == "rare-event"``) the histogram shows
         ``log_fractions`` of every estimated token. Otherwise tokens with no hit have no finite
@@ -286,8 +286,10 @@ class CellVolumes:
             Draw into it; default a new figure.
         path : str or path-like, optional
             Save the figure as PNG there.
-        bins : int, default 50
+        bins : int, optional
+            Default ``clip(sqrt(k), 5, 50)`` for k drawn tokens.
         title : str, optional
+            Default: the estimator and its budget.
 
         Returns
         -------

@@ -378,13 +378,19 @@ def test_histogram_of_rare_event_log_shares(tmp_path):
     ax = cv.histogram(path=tmp_path / "h.png")
     assert not any("0 hits" in t.get_text() for t in ax.texts)  # no zero-hit bar
     labels = ax.get_legend_handles_labels()[1]
-    assert labels == ["6 tokens, rare-event; 2 proven empty, not drawn"]
+    assert labels == ["6 tokens; 2 proven empty, not drawn"]
     assert sum(p.get_height() for p in ax.patches) == 6
+    # nats on a linear count axis, the estimator and its budget in the title
+    assert ax.get_yscale() == "linear" and "nats" in ax.get_xlabel()
+    assert ax.get_title() == "decoder cell volumes: rare-event splitting, 64 chains per token"
+    assert len(ax.patches) == 5  # sqrt(6) -> at least 5 bins, not 50
+    xs = [p.get_x() for p in ax.patches]
+    assert min(xs) == pytest.approx(float(cv.log_fractions[:6].min()))  # nats, not log10
     # a token sample: the legend says how many of how many (it once said "sample of |V|")
     cs = cell_volumes(dec, Ball.from_params(np.zeros(3), 1.0), 500, seed=0, progress=False,
                       n_chains=64, tokens=[0, 2, 4, 6])
     labels = cs.histogram().get_legend_handles_labels()[1]
-    assert labels == ["3 of a 4-token sample of 8, rare-event; 1 proven empty, not drawn"]
+    assert labels == ["3 of a 4-token sample of 8; 1 proven empty, not drawn"]
 
 
 def test_scale_of_W_and_G_changes_no_share():

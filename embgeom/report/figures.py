@@ -209,14 +209,18 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     return _save(fig, path)
 
 
-def plot_cell_histogram(cv, ax=None, path=None, bins: int = 50, title: str | None = None):
-    """Histogram of per-token cell volumes (log10 fraction on x, number of tokens on y).
+def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
+                        title: str | None = None):
+    """Histogram of per-token cell volumes: log-share in nats on x, number of tokens on y.
 
-    The body of :meth:`embgeom.volumes.CellVolumes.histogram`. With rare-event log-shares
-    (``cv.token_method == "rare-event"``) every estimated token is drawn from its log-share.
-    Otherwise (uniform counts) tokens with no hit have no finite log fraction: they are drawn
-    as a separate grey bar to the left of the others, labelled with their count and the upper
-    bound every one of them shares.
+    The body of :meth:`embgeom.volumes.CellVolumes.histogram`. The x axis is the natural log
+    of each token's share ``vol(E_t ∩ S) / vol(S)`` (nats, the project's unit), the y axis a
+    linear count of tokens. With rare-event log-shares (``cv.token_method == "rare-event"``)
+    every estimated token is drawn from its log-share. Otherwise (uniform counts) tokens with
+    no hit have no finite log-share: they are drawn as a separate grey bar to the left of the
+    others, labelled with their count and the upper bound every one of them shares. The title
+    names the estimator and its budget (chains for rare-event splitting, samples for uniform
+    Monte Carlo).
 
     Parameters
     ----------
@@ -225,14 +229,15 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int = 50, title: str | Non
         Draw into it; default a new :class:`~matplotlib.figure.Figure`.
     path : str or path-like, optional
         Save the figure as PNG there.
-    bins : int, default 50
+    bins : int, optional
+        Number of bins; default ``clip(sqrt(k), 5, 50)`` for k drawn tokens (a 32-token
+        sample gets 6 bins, not 50 mostly empty ones).
     title : str, optional
 
     Returns
     -------
     matplotlib Axes
     """
-    bins = check_positive_int(bins, "bins")
     if ax is None:
         ax = _figure(7, 4).subplots()
     method = getattr(cv, "token_method", None)
@@ -241,33 +246,38 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int = 50, title: str | Non
         hit = rare
         n_empty = int((np.asarray(method) == "empty").sum())
         n_est = int(rare.sum()) + n_empty  # the tokens the estimator was given
-        label = (f"{int(rare.sum()):,} tokens, rare-event" if n_est == rare.size else
-                 f"{int(rare.sum()):,} of a {n_est:,}-token sample of {rare.size:,}, rare-event"
+        label = (f"{int(rare.sum()):,} tokens" if n_est == rare.size else
+                 f"{int(rare.sum()):,} of a {n_est:,}-token sample of {rare.size:,}"
                  ) + (f"; {n_empty} proven empty, not drawn" if n_empty else "")
-        x = cv.log_fractions[rare] / math.log(10)
+        x = cv.log_fractions[rare]
+        info = (cv.extra or {}).get("rare_event")
+        chains = info.get("n_chains") if isinstance(info, dict) else None
+        estimator = "rare-event splitting" + (f", {chains} chains per token" if chains else "")
     else:
         hit = cv.counts > 0
-        label = f"{int(hit.sum())} tokens with hits"
-        x = np.log10(cv.fractions[hit])
+        label = f"{int(hit.sum()):,} tokens with hits"
+        x = np.log(cv.fractions[hit])
+        estimator = f"uniform Monte Carlo, {cv.n_samples:,} samples ({cv.sampling})"
+    nbins = (int(np.clip(round(math.sqrt(max(x.size, 1))), 5, 50)) if bins is None
+             else check_positive_int(bins, "bins"))
     if x.size:
         lo, hi = float(x.min()), float(x.max())
         if hi - lo < 1e-9:
             lo, hi = lo - 0.5, hi + 0.5
-        edges = np.linspace(lo, hi, bins + 1)
+        edges = np.linspace(lo, hi, nbins + 1)
         ax.hist(x, bins=edges, color="C0", label=label)
-        width = (hi - lo) / bins
+        width = (hi - lo) / nbins
     else:
-        lo, width = math.log10(1.0 / cv.n_samples), 0.1
+        lo, width = math.log(1.0 / cv.n_samples), 0.25
     if cv.n_zero and not rare.any():
         ub = float(cv.upper[~hit].max())
         xz = lo - 3 * width
         ax.bar([xz], [cv.n_zero], width=2 * width, color="0.6",
-               label=f"{cv.n_zero} tokens with 0 hits (fraction < {ub:.1e})")
+               label=f"{cv.n_zero:,} tokens with 0 hits (share < {ub:.1e})")
         ax.annotate("0 hits", (xz, cv.n_zero), ha="center", va="bottom", fontsize=8)
-    ax.set_xlabel("log10 cell-volume fraction")
-    ax.set_ylabel("number of tokens (log scale)")
-    ax.set_yscale("log")
-    ax.set_title(title or f"decoder cell volumes ({cv.n_samples} samples, {cv.sampling})")
+    ax.set_xlabel("log cell-volume share (nats)")
+    ax.set_ylabel("number of tokens")
+    ax.set_title(title or f"decoder cell volumes: {estimator}", fontsize=10)
     ax.legend(fontsize=8)
     if path is not None:
         ax.figure.savefig(path, dpi=_DPI, bbox_inches="tight")

@@ -7,6 +7,8 @@ through these helpers:
   ``(hf_model, tokenizer, name, source_dtype)``), :func:`input_embeddings`,
   :func:`output_embeddings`, :func:`base_model`, :func:`model_device_dtype`, :func:`frozen`,
   :func:`check_device`;
+- the caller's torch state: :func:`measuring` (eval mode, no gradient, no autocast, float32
+  default dtype for embgeom's own forward passes, the caller's state restored after);
 - vocabulary: :func:`config_vocab`, :func:`vocab_rows`, :func:`special_token_ids` (the one
   special-token rule), :func:`allowed_token_ids`, :func:`max_positions`;
 - input embeddings: :func:`embed_rows` (the module's own output, so any scale applied inside the
@@ -15,8 +17,8 @@ through these helpers:
 - forward passes and decoding: :func:`last_logits`, :func:`greedy_decode` (``model.generate``
   with greedy settings and a KV cache).
 
-Nothing here sets environment variables or global state; :func:`frozen` and
-:func:`greedy_decode` restore what they touch.
+Nothing here sets environment variables or leaves global state changed; :func:`frozen`,
+:func:`measuring` and :func:`greedy_decode` restore what they touch.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "input_embeddings",
     "last_logits",
     "max_positions",
+    "measuring",
     "model_device_dtype",
     "model_name",
     "output_embeddings",
@@ -214,20 +217,85 @@ def check_device(device):
 
 
 @contextlib.contextmanager
-def frozen(hf):
-    """Freeze every parameter (``requires_grad`` False) and switch to eval mode; restore after."""
-    params = list(hf.parameters())
-    flags = [p.requires_grad for p in params]
-    training = hf.training
-    for p in params:
-        p.requires_grad_(False)
-    hf.eval()
+def _eval_mode(module: torch.nn.Module):
+    """Every submodule in eval mode; each one's own ``training`` flag restored after (a model in
+    training mode with a frozen eval-mode part keeps that mix)."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
     try:
         yield
     finally:
+        for m, flag in modes:
+            m.training = flag
+
+
+@contextlib.contextmanager
+def frozen(hf):
+    """Freeze every parameter (``requires_grad`` False) and switch to eval mode; restore after.
+
+    Each parameter's ``requires_grad`` and each submodule's ``training`` flag come back as they
+    were, also when the body raises.
+    """
+    params = list(hf.parameters())
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        with _eval_mode(hf):
+            yield
+    finally:
         for p, f in zip(params, flags):
             p.requires_grad_(f)
-        hf.train(training)
+
+
+def _device_types(module: torch.nn.Module) -> list[str]:
+    """``"cpu"`` and the device types of ``module``'s tensors that autocast knows."""
+    types = {"cpu"} | {t.device.type for t in module.parameters()}
+    types |= {t.device.type for t in module.buffers()}
+    return sorted(t for t in types if torch.amp.is_autocast_available(t))
+
+
+@contextlib.contextmanager
+def measuring(module: torch.nn.Module, *, grad: bool = False):
+    """Run ``module``'s forward passes in the state embgeom measures them in; restore after.
+
+    Inside the block: every submodule in eval mode (no dropout), no gradient (unless
+    ``grad``), autocast off on every device type of the module and on the CPU (an enclosing
+    ``torch.autocast`` of the caller does not reach the module, so it computes in the dtype of
+    its own weights), and ``torch.get_default_dtype()`` float32 (the dtype transformers
+    models are built and tested under; a caller's float64 default does not change the
+    tensors the model creates inside its forward). After it, the caller's training flags,
+    grad mode and default dtype are back, also when the body raises; ``requires_grad`` of
+    the parameters is never touched.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model (or a part of it, e.g. its embedding module).
+    grad : bool, default False
+        Keep the caller's grad mode instead of switching gradients off.
+
+    Examples
+    --------
+    >>> import torch
+    >>> lin = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)).train()
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16), measuring(lin):
+    ...     y = lin(torch.ones(1, 2))
+    >>> y.dtype, y.requires_grad, lin.training
+    (torch.float32, False, True)
+    """
+    default = torch.get_default_dtype()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_eval_mode(module))
+        if not grad:
+            stack.enter_context(torch.no_grad())
+        for device_type in _device_types(module):
+            stack.enter_context(torch.autocast(device_type=device_type, enabled=False))
+        torch.set_default_dtype(torch.float32)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(default)
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,10 +377,11 @@ def embed_rows(emb: torch.nn.Module, ids, *, chunk: int = 8192) -> torch.Tensor:
 
     Calling the module (not reading its weight) includes any scale applied inside it (Gemma-3's
     ``Gemma3TextScaledWordEmbedding`` multiplies by ``sqrt(d)``), so these are the
-    ``inputs_embeds`` the model expects. Computed in chunks of ``chunk`` ids.
+    ``inputs_embeds`` the model expects. Computed in chunks of ``chunk`` ids, under
+    :func:`measuring` (eval mode, no autocast: the caller's torch state does not reach it).
     """
     ids = torch.as_tensor(ids, dtype=torch.long, device=emb.weight.device).reshape(-1)
-    with torch.no_grad():
+    with measuring(emb):
         parts = [emb(ids[s : s + chunk]).float() for s in range(0, max(1, ids.numel()), chunk)]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -420,7 +489,9 @@ def greedy_decode(hf, n_new: int, *, input_ids=None, inputs_embeds=None,
     end-of-sequence stop: exactly ``n_new`` tokens), with an all-ones attention mask, so its
     tokens are those of a hand-written loop ``argmax(logits[:, -1])`` over full forward passes
     (checked in ``tests/test_hf.py`` on a model whose shipped config has a repetition penalty
-    and whose end-of-sequence token is often the argmax).
+    and whose end-of-sequence token is often the argmax). It runs under :func:`measuring`: a
+    model left in training mode decodes without dropout, an enclosing ``torch.autocast`` does
+    not reach it, and the caller's state is restored after.
 
     Parameters
     ----------
@@ -462,7 +533,7 @@ def greedy_decode(hf, n_new: int, *, input_ids=None, inputs_embeds=None,
     b, p = int(prompt.shape[0]), int(prompt.shape[1])
     mask = torch.ones((b, p), dtype=torch.long, device=prompt.device)
     kw = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
-    with _plain_generation_config(hf), torch.no_grad():
+    with _plain_generation_config(hf), measuring(hf):
         out = hf.generate(
             **kw, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=n_new,
             eos_token_id=None, pad_token_id=0, use_cache=use_cache,

@@ -13,6 +13,12 @@ objects the rest of embgeom works on:
 The sampling protocol is the paper's: random token sequences of length ``l`` for each ``l`` in a
 list of lengths, the last position's final hidden state (Meyer et al., ICML 2026, Sec. 5, after
 Kuratov et al., ACL 2025).
+
+The caller's torch state does not reach the results: every forward pass of the adapter runs
+under :func:`embgeom._hf.measuring` (eval mode, no gradient, no autocast, float32 default
+dtype), so a model left in training mode (dropout), a call inside ``torch.autocast`` or a
+float64 default dtype give the same arrays as a plain call, and the model's training flags
+come back as they were.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ._hf import base_model as _base_model
 from ._hf import config_vocab as _config_vocab
 from ._hf import embed_rows, input_embeddings
 from ._hf import max_positions as _max_positions
+from ._hf import measuring as _measuring
 from ._hf import output_embeddings as _output_embeddings
 from ._hf import unwrap as _unwrap
 from ._validation import check_int_array, check_positive_int, seed_sequence
@@ -598,7 +605,7 @@ def _describe_norm(mod: torch.nn.Module | None) -> FinalNorm:
     gen = torch.Generator().manual_seed(1234)
     probe = torch.randn(3, d, generator=gen, dtype=torch.float64) * 3.0 + 0.5
     dtype = p.dtype if p is not None else torch.float32
-    with torch.no_grad():
+    with _measuring(mod):
         got = mod(probe.to(dtype)).double().numpy()
     base = FinalNorm(kind=kind, weight=np.ones(d), bias=bias, eps=eps).apply(probe.numpy())
     scale = max(1.0, float(np.abs(got).max()))
@@ -860,7 +867,7 @@ def _call_kwargs(module, ids: torch.Tensor, mask: torch.Tensor | None) -> dict:
 def _base_last_hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``base_model(...).last_hidden_state`` at each row's last attended position, (B, d)."""
     base = _base_model(hf)
-    with torch.inference_mode():
+    with _measuring(hf), torch.inference_mode():
         out = base(**_call_kwargs(base, ids, mask))
         last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         idx = _last_index(mask, ids.shape[1], ids.shape[0])
@@ -873,7 +880,7 @@ def _own_last_logits(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.
     keep_last = mask is None or bool(mask[:, -1].all())
     if keep_last and _accepts(type(hf), "logits_to_keep"):
         kw["logits_to_keep"] = 1
-    with torch.inference_mode():
+    with _measuring(hf), torch.inference_mode():
         z = hf(**kw).logits
         if z.shape[1] == 1:
             return z[:, 0]
@@ -923,12 +930,15 @@ _PROBE_LENGTH, _PROBE_PAD = 6, 3
 
 
 def _model_key(hf) -> tuple:
-    """What the check depends on: the head module and weight storage, the final norm, the
-    configured logit scale and soft-cap (a swapped head or norm re-runs the check)."""
+    """What the check's verdict depends on, and only that: the head module and its weight's
+    storage and dtype, the final norm, the configured logit scale and soft-cap, the attention
+    implementation (it decides how padded batches behave). A swapped head or norm re-runs the
+    check. The training flag is not part of it: the probe runs in eval mode whatever the
+    caller's mode (:func:`embgeom._hf.measuring`), so a verdict holds in either mode."""
     out = _output_embeddings(hf)
     norm = _find_final_norm(hf)
-    return (id(out), out.weight.data_ptr(), tuple(out.weight.shape), id(norm),
-            _logit_scale(hf), _softcap(hf))
+    return (id(out), out.weight.data_ptr(), tuple(out.weight.shape), out.weight.dtype, id(norm),
+            _logit_scale(hf), _softcap(hf), getattr(hf.config, "_attn_implementation", None))
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -1090,8 +1100,10 @@ def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
 
     Notes
     -----
-    Computed as ``base_model(...).last_hidden_state`` under ``torch.inference_mode``; the full
-    ``(B, L, |V|)`` logits are never formed. Models whose padded batches do not reproduce the
+    Computed as ``base_model(...).last_hidden_state`` in eval mode (no dropout, also for a
+    model left in training mode, whose flags are restored after), under
+    ``torch.inference_mode``, with autocast off and a float32 default dtype (see
+    :func:`embgeom._hf.measuring`); the full ``(B, L, |V|)`` logits are never formed. Models whose padded batches do not reproduce the
     unpadded rows on the probe (e.g. RWKV, which ignores the mask) are run row by row without
     the padding, rows of equal length batched.
     """
@@ -1126,7 +1138,9 @@ def logits(model, input_ids, attention_mask=None) -> np.ndarray:
     Returns
     -------
     numpy.ndarray of shape (B, n_rows), float32
-        In nats, exactly what the model's forward pass returns at the last attended position.
+        In nats, exactly what the model's forward pass returns at the last attended position,
+        run in eval mode without autocast (:func:`embgeom._hf.measuring`), whatever the
+        caller's mode, autocast and default dtype.
 
     Raises
     ------
@@ -1165,6 +1179,25 @@ def _cache_path(cache_dir: Path, name: str, key: dict) -> Path:
 
 # config entries that name a model rather than define it (they never enter the fingerprint)
 _NAMING_CONFIG_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")
+# config entries that act only in training, at initialisation or on what a forward returns
+# besides the last hidden state: the adapter's forward passes (eval mode, last_hidden_state,
+# weights given) do not depend on them, so a model fine-tuned with dropout 0.1 and the same
+# weights saved with dropout 0 share their cache entry. The weights' dtype enters per tensor.
+_RESULT_FREE_CONFIG_KEYS = ("use_cache", "output_attentions", "output_hidden_states",
+                            "return_dict", "initializer_range", "architectures", "dtype",
+                            "torch_dtype", "problem_type", "id2label", "label2id")
+_RESULT_FREE_CONFIG_PATTERN = re.compile(r"dropout|pdrop|layerdrop", re.IGNORECASE)
+
+
+def _result_config(cfg: dict) -> dict:
+    """``cfg`` without the naming and result-free entries, recursively (sub-configs)."""
+    out = {}
+    for k, v in cfg.items():
+        if k in _NAMING_CONFIG_KEYS or k in _RESULT_FREE_CONFIG_KEYS or (
+                isinstance(k, str) and _RESULT_FREE_CONFIG_PATTERN.search(k)):
+            continue
+        out[k] = _result_config(v) if isinstance(v, dict) else v
+    return out
 
 
 def _weights_fingerprint(hf) -> str:
@@ -1172,7 +1205,10 @@ def _weights_fingerprint(hf) -> str:
 
     Every parameter and buffer (each stored tensor once, in name order) contributes its name,
     dtype, shape and a CRC-32 of *all* its bytes; the config enters as sorted JSON without the
-    naming entries (``_name_or_path``, ``transformers_version``). Two models with the same config
+    naming entries (``_name_or_path``, ``transformers_version``) and without the entries that
+    do not change an eval-mode forward (dropout rates, ``use_cache``, ``initializer_range``,
+    label maps: :data:`_RESULT_FREE_CONFIG_KEYS`). The model's training flag and
+    ``requires_grad`` never enter: the forward passes run in eval mode. Two models with the same config
     and different weights, e.g. two runs' ``checkpoint-500`` folders, therefore never share a
     cache entry. Cost: one pass over the weights' memory (about 0.3 s for SmolLM2-135M's 540 MB
     on one core); CRC-32 is not cryptographic, so two *deliberately* colliding weight sets
@@ -1180,8 +1216,7 @@ def _weights_fingerprint(hf) -> str:
     """
     digest = hashlib.sha256(type(hf).__qualname__.encode())
     cfg = hf.config.to_dict() if hasattr(hf.config, "to_dict") else dict(vars(hf.config))
-    for k in _NAMING_CONFIG_KEYS:
-        cfg.pop(k, None)
+    cfg = _result_config(cfg)
     digest.update(json.dumps(cfg, sort_keys=True, default=repr).encode())
     seen: set[tuple[int, int]] = set()
     tensors = list(hf.named_parameters(remove_duplicate=True)) + list(hf.named_buffers())
@@ -1293,7 +1328,9 @@ def sample_hidden_states(
 
     Notes
     -----
-    Runs under ``torch.inference_mode``. Cost grows as ``sum(l) * n_per_length`` tokens (and
+    Runs in eval mode under ``torch.inference_mode``, without autocast, whatever the caller's
+    torch state (:func:`embgeom._hf.measuring`); the model's training flag is not part of the
+    cache key since it does not change the result. Cost grows as ``sum(l) * n_per_length`` tokens (and
     quadratically in ``l`` through attention); on 2 cores SmolLM2-135M takes about 0.9 s for
     8 sequences x 64 tokens. Batch-size changes the float32 rounding of the result slightly
     (different GEMM blocking) but not its meaning, so it is not part of the cache key. The
@@ -1323,7 +1360,7 @@ def sample_hidden_states(
 
     path = None
     if cache_dir is not None:
-        key = {"version": 2, "weights": _weights_fingerprint(hf), "n_rows": int(n_rows),
+        key = {"version": 3, "weights": _weights_fingerprint(hf), "n_rows": int(n_rows),
                "d": int(d), "lengths": lengths, "n_per_length": n, "seed": seed,
                "allowed": hashlib.sha256(allowed.astype("<i8").tobytes()).hexdigest(),
                "bos": False}

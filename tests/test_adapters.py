@@ -332,3 +332,152 @@ def test_load_refuses_other_files(tmp_path):
         load_model(f)
     with pytest.raises(TypeError, match="name_or_path"):
         load_model(3)
+
+
+# ------------------------------------------------------------------ the caller's torch state
+# Issue 21, kind 1: a model fresh from fine-tuning (train mode, dropout), a call inside
+# torch.autocast, a float64 default dtype. Every forward of the adapter runs in eval mode, no
+# grad, no autocast, float32 default dtype; the caller's flags come back; caches are keyed only
+# on what changes the result. The reference values are a hand-written eval-mode forward.
+
+
+def _dropout_model(family: str):
+    """A tiny GPT-2 or Llama with dropout 0.1 everywhere its config has it, in train mode."""
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2,
+                                      n_positions=64, resid_pdrop=0.1, embd_pdrop=0.1,
+                                      attn_pdrop=0.1, bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=2, max_position_embeddings=64,
+                                       attention_dropout=0.1, attn_implementation="eager")
+        model = transformers.LlamaForCausalLM(cfg)
+    return model.train()
+
+
+def _eval_reference(model, ids):
+    """Last-position hidden states and logits of a plain eval-mode forward, by hand."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    with torch.no_grad():
+        h = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, -1].numpy().copy()
+        z = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].numpy().copy()
+    for m, flag in modes:
+        m.training = flag
+    return h, z
+
+
+def _state(model):
+    return ([m.training for m in model.modules()], [p.requires_grad for p in model.parameters()])
+
+
+_STATE_IDS = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_train_mode_model_gives_the_eval_mode_results(family):
+    """A train-mode model with dropout 0.1 is accepted (it was refused as "not supported"), its
+    hidden states, logits and unembedding are the eval-mode ones, and its mode is left alone."""
+    model = _dropout_model(family)
+    model.base_model.layers[0].eval() if family == "llama" else model.transformer.h[0].eval()
+    next(model.parameters()).requires_grad_(False)  # a mixed state the caller chose
+    before = _state(model)
+    h_ref, z_ref = _eval_reference(model, _STATE_IDS)
+    with torch.no_grad():  # dropout does act in train mode: the reference differs from it
+        noisy = model.base_model(input_ids=_STATE_IDS).last_hidden_state[:, -1].numpy()
+    assert np.abs(noisy - h_ref).max() > 1e-3
+    u = unembedding(model)
+    np.testing.assert_array_equal(hidden_states(model, _STATE_IDS), h_ref)
+    assert _rel_max_err(logits(model, _STATE_IDS), z_ref) <= 1e-6  # GEMM blocking only
+    np.testing.assert_array_equal(u.weight, model.get_output_embeddings().weight.detach().numpy())
+    assert _rel_max_err(u.logits(h_ref), z_ref) <= 1e-5
+    assert _state(model) == before and model.training
+
+
+def test_verdict_and_values_do_not_depend_on_the_mode_of_the_first_call():
+    """Checked in train mode then used in eval mode, and the other way round: one verdict (the
+    cache entry is not re-probed), the eval-mode values every time (0.82 relative error from
+    dropout before)."""
+    h_ref, _ = _eval_reference(_dropout_model("gpt2"), _STATE_IDS)
+    for first in (True, False):
+        model = _dropout_model("gpt2").train(first)
+        H1 = hidden_states(model, _STATE_IDS)
+        entry = adapters._CHECKED[model]
+        model.train(not first)
+        H2 = hidden_states(model, _STATE_IDS)
+        assert adapters._CHECKED[model] is entry and model.training is (not first)
+        np.testing.assert_array_equal(H1, h_ref)
+        np.testing.assert_array_equal(H2, h_ref)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_autocast_of_the_caller_does_not_reach_the_model(family):
+    """Inside torch.autocast(bfloat16) the results are float32 and equal to the plain call's."""
+    model = _dropout_model(family).eval()
+    H = hidden_states(model, _STATE_IDS)
+    z = logits(model, _STATE_IDS)
+    u = unembedding(model)
+    scale = input_embedding_scale(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        H_ac = hidden_states(model, _STATE_IDS)
+        z_ac = logits(model, _STATE_IDS)
+        u_ac = unembedding(model)
+        scale_ac = input_embedding_scale(model)
+        S_ac, _ = sample_hidden_states(model, [3], 4, progress=False)
+        assert torch.is_autocast_enabled("cpu")  # the caller's autocast is still on after
+    S, _ = sample_hidden_states(model, [3], 4, progress=False)
+    assert H_ac.dtype == z_ac.dtype == S_ac.dtype == u_ac.weight.dtype == np.float32
+    np.testing.assert_array_equal(H_ac, H)
+    np.testing.assert_array_equal(z_ac, z)
+    np.testing.assert_array_equal(S_ac, S)
+    np.testing.assert_array_equal(u_ac.weight, u.weight)
+    np.testing.assert_array_equal(u_ac.norm.weight, u.norm.weight)
+    assert scale_ac == scale
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_float64_default_dtype_of_the_caller_changes_nothing(family):
+    model = _dropout_model(family).eval()
+    H, z, u = hidden_states(model, _STATE_IDS), logits(model, _STATE_IDS), unembedding(model)
+    S, _ = sample_hidden_states(model, [3], 4, progress=False)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        adapters._CHECKED.pop(model, None)  # the probe, too, runs under the caller's default
+        u64 = unembedding(model)
+        H64, z64 = hidden_states(model, _STATE_IDS), logits(model, _STATE_IDS)
+        S64, _ = sample_hidden_states(model, [3], 4, progress=False)
+        assert torch.get_default_dtype() == torch.float64  # the caller's, restored
+    finally:
+        torch.set_default_dtype(old)
+    assert H64.dtype == z64.dtype == S64.dtype == u64.weight.dtype == u64.norm.weight.dtype == np.float32
+    np.testing.assert_array_equal(H64, H)
+    np.testing.assert_array_equal(z64, z)
+    np.testing.assert_array_equal(S64, S)
+    np.testing.assert_array_equal(u64.weight, u.weight)
+
+
+def test_cache_key_ignores_mode_and_training_only_config(tmp_path):
+    """The hidden-state cache is keyed on what changes the result: not the training flag, not
+    requires_grad, not the dropout rates of the config; still the weights."""
+    a = _dropout_model("gpt2")
+    b = _dropout_model("gpt2").eval()
+    b.config.resid_pdrop = b.config.embd_pdrop = b.config.attn_pdrop = 0.0
+    b.config.use_cache = not b.config.use_cache
+    for p in b.parameters():
+        p.requires_grad_(False)
+    assert adapters._weights_fingerprint(a) == adapters._weights_fingerprint(b)
+    H_a, _ = sample_hidden_states(a, [3], 4, cache_dir=tmp_path, progress=False)
+    H_b, _ = sample_hidden_states(b, [3], 4, cache_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("hidden_*.npy"))) == 1
+    np.testing.assert_array_equal(H_a, H_b)
+    with torch.no_grad():
+        b.lm_head.weight[0, 0] += 1.0  # tied to the input embedding: the hidden states change
+    assert adapters._weights_fingerprint(a) != adapters._weights_fingerprint(b)
+    b.config.n_layer = 3  # a config entry that defines the model still counts
+    c = _dropout_model("gpt2")
+    c.config.n_inner = 65
+    assert adapters._weights_fingerprint(a) != adapters._weights_fingerprint(c)

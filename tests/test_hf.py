@@ -201,3 +201,85 @@ def test_json_writers_use_the_one_converter():
             assert not re.search(r"(?<!_)json\.dump", text), f
     assert "hashlib.sha256(json.dumps(settings, sort_keys=True)" in (
         ROOT / "embgeom/cramming/_curve.py").read_text()
+
+
+# ------------------------------------------------------------------ the caller's torch state
+
+
+def _dropout_tiny():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                     resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=0,
+                     eos_token_id=0)
+    return GPT2LMHeadModel(cfg).train()
+
+
+def test_frozen_restores_a_mixed_mode():
+    m = _tiny().train()
+    m.model.layers[1].eval()
+    modes = [x.training for x in m.modules()]
+    with pytest.raises(RuntimeError):
+        with _hf.frozen(m):
+            assert not any(x.training for x in m.modules())
+            raise RuntimeError("body fails")
+    assert [x.training for x in m.modules()] == modes
+    assert all(p.requires_grad for p in m.parameters())
+
+
+def test_measuring_sets_and_restores_the_state():
+    """Inside: eval, no grad, no autocast, float32 default dtype; after: the caller's, also when
+    the body raises."""
+    m = _dropout_tiny()
+    m.transformer.h[0].eval()
+    modes = [x.training for x in m.modules()]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(KeyError):
+            with _hf.measuring(m):
+                assert not any(x.training for x in m.modules())
+                assert not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+                assert torch.get_default_dtype() == torch.float32
+                raise KeyError("body fails")
+        assert torch.get_default_dtype() == torch.float64 and torch.is_grad_enabled()
+        with _hf.measuring(m, grad=True):
+            assert torch.is_grad_enabled()
+    finally:
+        torch.set_default_dtype(old)
+    assert [x.training for x in m.modules()] == modes
+
+
+def test_greedy_decode_ignores_train_mode_and_autocast():
+    """A model left in train mode (dropout 0.1) decodes as in eval mode, inside an enclosing
+    bf16 autocast too, and stays in train mode; the reference is a hand loop in eval mode."""
+    m = _dropout_tiny()
+    prompts = torch.randint(0, VOCAB, (6, 4), generator=torch.Generator().manual_seed(1))
+    m.eval()
+    with torch.no_grad():
+        x, hand = prompts, []
+        for _ in range(8):
+            t = m(input_ids=x, use_cache=False).logits[:, -1].argmax(-1)
+            hand.append(t)
+            x = torch.cat([x, t[:, None]], 1)
+    hand = torch.stack(hand, 1)
+    m.train()
+    assert torch.equal(_hf.greedy_decode(m, 8, input_ids=prompts, use_cache=False), hand)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(_hf.greedy_decode(m, 8, input_ids=prompts), hand)
+    assert m.training and all(x.training for x in m.modules())
+
+
+def test_embed_rows_under_the_callers_autocast_and_default_dtype():
+    m = _tiny()
+    emb = m.get_input_embeddings()
+    ref = emb.weight.detach()[:5].clone()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = _hf.embed_rows(emb, range(5))
+    finally:
+        torch.set_default_dtype(old)
+    assert got.dtype == torch.float32 and torch.equal(got, ref)

@@ -59,7 +59,7 @@ from ._validation import (
     check_seed,
     seed_sequence,
 )
-from .volumes import wilson_interval
+from ._stats import wilson_interval
 
 __all__ = [
     "CopyTask",

@@ -24,114 +24,13 @@ import numpy as np
 
 from . import _kernels
 from ._rare_event import ConeMeasure, log_cone_gaussian_measure
+from ._stats import binomial_interval, wilson_interval
 from ._validation import check_positive_int, check_probability, seed_sequence
 from .cells import Decoder
 from .parallel import executor_scope
 
 __all__ = ["CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval",
            "ConeMeasure", "log_cone_gaussian_measure"]
-
-
-def wilson_interval(successes, trials, confidence: float = 0.95):
-    """Wilson score interval for binomial proportions ``successes / trials``.
-
-    Parameters
-    ----------
-    successes : array_like of int or float
-        Successes, ``0 <= successes <= trials`` (a proportion times ``trials`` is accepted).
-    trials : int or array_like of int
-        Trials (>= 1), broadcast against ``successes``.
-    confidence : float, default 0.95
-        Coverage ``1 - alpha``, in (0, 1).
-
-    Returns
-    -------
-    lower, upper : numpy.ndarray of float64
-        Same shape as the broadcast inputs, in [0, 1]; exactly 0 at ``successes = 0`` and 1 at
-        ``successes = trials``.
-
-    Raises
-    ------
-    ValueError
-        ``trials < 1``, ``successes`` outside ``[0, trials]``, or ``confidence`` not in (0, 1).
-
-    References
-    ----------
-    E. B. Wilson, "Probable inference, the law of succession, and statistical inference", JASA 22
-    (1927); Brown, Cai, DasGupta, Statistical Science 16 (2001), eq. (4).
-
-    Examples
-    --------
-    >>> lo, hi = wilson_interval(0, 10)
-    >>> float(lo), round(float(hi), 4)
-    (0.0, 0.2775)
-    """
-    from scipy import stats
-
-    k = np.asarray(successes, dtype=np.float64)
-    n = np.asarray(trials, dtype=np.float64)
-    if not (np.all(np.isfinite(k)) and np.all(np.isfinite(n))):
-        raise ValueError("successes, trials: expected finite numbers")
-    if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
-        raise ValueError("successes, trials: expected 0 <= successes <= trials and trials >= 1")
-    conf = check_probability(confidence, "confidence", open_right=True)
-    z = stats.norm.ppf(0.5 + conf / 2)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(np.maximum(p * (1 - p) / n + z * z / (4 * n * n), 0.0)) / denom
-    lower = np.where(k <= 0, 0.0, np.clip(centre - half, 0.0, 1.0))  # exact ends, no round-off
-    upper = np.where(k >= n, 1.0, np.clip(centre + half, 0.0, 1.0))
-    return lower, upper
-
-
-def binomial_interval(counts, n: int, confidence: float = 0.95, method: str = "clopper-pearson"):
-    """Two-sided confidence interval for binomial proportions.
-
-    Parameters
-    ----------
-    counts : array_like of int, shape (K,)
-        Successes, ``0 <= counts <= n``.
-    n : int
-        Trials (>= 1).
-    confidence : float, default 0.95
-        Coverage ``1 - alpha``.
-    method : {"clopper-pearson", "wilson"}
-        ``"clopper-pearson"``: exact, ``[B(alpha/2; k, n-k+1), B(1-alpha/2; k+1, n-k)]`` with
-        ``B`` the beta quantile (Clopper & Pearson 1934); coverage >= ``confidence`` for every
-        ``p``. ``"wilson"``: the score interval (Wilson 1927), closer to nominal on average.
-
-    Returns
-    -------
-    lower, upper : numpy.ndarray of float64, shape (K,)
-        ``0 <= lower <= k/n <= upper <= 1``. For ``k = 0`` the Clopper-Pearson upper bound is
-        ``1 - (alpha/2)^(1/n)``.
-
-    Raises
-    ------
-    ValueError
-        Counts outside ``[0, n]``, bad ``confidence`` or ``method``.
-    """
-    from scipy import stats
-
-    n = check_positive_int(n, "n")
-    conf = check_probability(confidence, "confidence", open_right=True)
-    k = np.asarray(counts)
-    if k.dtype.kind not in "iu":
-        raise TypeError(f"counts: expected integers, got dtype {k.dtype}")
-    if k.size and (k.min() < 0 or k.max() > n):
-        raise ValueError(f"counts: expected values in [0, n={n}]")
-    k = k.astype(np.float64)
-    alpha = 1.0 - conf
-    if method == "clopper-pearson":
-        with np.errstate(invalid="ignore"):
-            lo = np.where(k > 0, stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
-            hi = np.where(k < n, stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
-    elif method == "wilson":
-        lo, hi = wilson_interval(k, n, conf)
-    else:
-        raise ValueError(f"method: expected 'clopper-pearson' or 'wilson', got {method!r}")
-    return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
 
 
 @dataclass
@@ -653,12 +552,3 @@ def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, 
     return {"log_fractions": log_f, "log_lower": log_lo, "log_upper": log_hi,
             "token_method": method}, summary
 
-
-def __getattr__(name):
-    # The report section moved to embgeom.report (this module writes no files); the old name
-    # still works.
-    if name == "cells_report_section":
-        from .report import cells_report_section
-
-        return cells_report_section
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,52 +22,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .._validation import check_positive_int, check_probability
+from .._stats import clopper_pearson_lower
+from .._validation import check_probability
 from ._base import Support, check_hidden
 
 __all__ = ["ContainmentCheck", "containment_check", "clopper_pearson_lower", "min_points_for"]
-
-
-def clopper_pearson_lower(k, n, confidence: float = 0.95) -> float:
-    """One-sided Clopper-Pearson lower confidence bound on a binomial proportion.
-
-    Parameters
-    ----------
-    k : int
-        Successes, ``0 <= k <= n``.
-    n : int
-        Trials, >= 1.
-    confidence : float, default 0.95
-        In (0, 1).
-
-    Returns
-    -------
-    float
-        ``B(1 - confidence; k, n - k + 1)`` (the beta quantile), 0 for ``k = 0``; at ``k = n``
-        it is ``(1 - confidence)^(1/n)``. ``P(q >= bound) >= confidence`` for every true ``q``.
-
-    Raises
-    ------
-    ValueError, TypeError
-        ``n < 1``, ``k`` outside ``[0, n]`` or not an integer, ``confidence`` outside (0, 1).
-
-    Examples
-    --------
-    >>> round(clopper_pearson_lower(300, 300), 6) == round(0.05 ** (1 / 300), 6)
-    True
-    """
-    from scipy import stats
-
-    n = check_positive_int(n, "n")
-    k = check_positive_int(k, "k", minimum=0)
-    if k > n:
-        raise ValueError(f"k: expected 0 <= k <= n={n}, got {k}")
-    conf = check_probability(confidence, "confidence", open_right=True)
-    if k == 0:
-        return 0.0
-    if k == n:  # closed form, exact
-        return float(math.exp(math.log1p(-conf) / n))
-    return float(stats.beta.ppf(1.0 - conf, k, n - k + 1))
 
 
 def min_points_for(min_share: float, confidence: float = 0.95) -> int:

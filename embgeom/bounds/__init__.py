@@ -18,9 +18,8 @@ One concept per module:
 - ``_unbounded.py``: :func:`log_multiset_count`, :func:`threshold_length_unbounded` (Cor. 4.10).
 - ``_published.py``: :data:`PUBLISHED`, the paper's numbers.
 
-The report section and the accessible-fraction figure live in :mod:`embgeom.report` (this
-package writes no files and never imports matplotlib; ``embgeom.bounds.bounds_report_section``
-still resolves, lazily).
+The report section and the accessible-fraction figure live in :mod:`embgeom.report`: this
+package writes no files, never imports matplotlib and never imports the report.
 
 This package is numpy/scipy only: no torch, and scipy.signal / scipy.optimize are imported inside
 the functions that use them, so ``import embgeom.bounds`` stays light.
@@ -68,12 +67,3 @@ __all__ = [
     "threshold_length_unbounded",
 ]
 
-
-def __getattr__(name):
-    # The report section and its figure moved to embgeom.report (geometry does no I/O); the old
-    # names still work.
-    if name in ("bounds_report_section", "plot_accessible_fraction"):
-        from .. import report
-
-        return getattr(report, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from . import figures
 from ._answer import build_answer
-from ._bounds import bounds_report_section, plot_accessible_fraction
+from ._bounds import bounds_report_section
 from ._build import REPORT_SIZES, build_report
 from ._cells import cells_report_section, duplicate_rows
 from ._cram import find_cram_summary, read_cram_summary
 from ._hidden import hidden_state_summary
 from ._supports import supports_report_section
+from .figures import plot_accessible_fraction
 
 __all__ = [
     "build_report",

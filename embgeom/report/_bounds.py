@@ -22,8 +22,7 @@ from . import figures
 from ._markdown import md_table
 from ._supports import CONFORMAL_SUFFIX, CUBE
 
-__all__ = ["bounds_report_section", "plot_accessible_fraction", "LAMBDA_MAX_UNRESOLVED",
-           "TERM_MEANING"]
+__all__ = ["bounds_report_section", "LAMBDA_MAX_UNRESOLVED", "TERM_MEANING"]
 
 #: lambda is used in the answer only when at most this share of the cells is unresolved;
 #: otherwise the median of a product of cell shares is set by the upper bounds that stand in
@@ -36,10 +35,6 @@ TERM_MEANING = {
             "cells)",
     "v2": "disjoint Euclidean balls of radius eps/2",
 }
-
-# Kept importable here for code written against bounds/_report.py.
-plot_accessible_fraction = figures.plot_accessible_fraction
-
 
 def _binding_term(terms: dict) -> str:
     rig = {k: v for k, v in terms.items() if k != "paper"}

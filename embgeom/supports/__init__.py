@@ -73,11 +73,3 @@ __all__ = [
     "log_cap_fraction",
 ]
 
-
-def __getattr__(name):
-    # The report section moved to embgeom.report (geometry does no I/O); the old name still works.
-    if name == "supports_report_section":
-        from ..report._supports import supports_report_section
-
-        return supports_report_section
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,7 +36,7 @@ import numpy as np
 from .._special import log_unit_ball_volume
 from ._base import cvxpy_solve, import_cvxpy
 
-__all__ = ["MVEEFit", "kumar_yildirim_init", "todd_yildirim", "mvee", "mvee_fast", "mvee_cvxpy"]
+__all__ = ["MVEEFit", "kumar_yildirim_init", "todd_yildirim", "mvee"]
 
 
 class MVEEFit(NamedTuple):
@@ -299,8 +299,8 @@ def mvee(mu: np.ndarray, U: np.ndarray, sv: np.ndarray, Vt: np.ndarray, *, solve
     Vt : ndarray of float64, shape (r, d)
         Right singular vectors (orthonormal rows): a basis of the affine hull's directions.
     solver : {"fast", "cvxpy"}
-        Todd-Yildirim (:func:`todd_yildirim`) or cvxpy's ``log_det`` (:func:`mvee_cvxpy`'s
-        problem) on the whitened points ``z = sqrt(N) U``.
+        Todd-Yildirim (:func:`todd_yildirim`) or cvxpy's ``log_det`` (maximise ``log det B``
+        s.t. ``|B z_i + b| <= 1``) on the whitened points ``z = sqrt(N) U``.
     tol, max_iter, progress
         Of :func:`todd_yildirim`.
 
@@ -360,28 +360,3 @@ def _cvxpy_whitened(Z: np.ndarray):
             except np.linalg.LinAlgError:
                 pass
     return c, semi[order], V[:, order], log_lower, solver
-
-
-def _thin_svd(X: np.ndarray):
-    mu = X.mean(axis=0)
-    U, sv, Vt = np.linalg.svd(X - mu, full_matrices=False)
-    return mu, U, sv, Vt
-
-
-def mvee_fast(X: np.ndarray, tol: float = 1e-7, max_iter: int = 1_000_000,
-              progress: bool = False) -> MVEEFit:
-    """MVEE of the rows of ``X`` (N, d), full affine rank, by Todd-Yildirim on whitened points.
-
-    See :func:`mvee` and :func:`todd_yildirim`.
-    """
-    mu, U, sv, Vt = _thin_svd(X)
-    return mvee(mu, U, sv, Vt, solver="fast", tol=tol, max_iter=max_iter, progress=progress)
-
-
-def mvee_cvxpy(X: np.ndarray) -> MVEEFit:
-    """MVEE of the rows of ``X`` (N, d), full affine rank, by cvxpy (the reference).
-
-    Maximise ``log det B`` s.t. ``|B z_i + b| <= 1`` for the whitened points; see :func:`mvee`.
-    """
-    mu, U, sv, Vt = _thin_svd(X)
-    return mvee(mu, U, sv, Vt, solver="cvxpy")

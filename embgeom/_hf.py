@@ -10,7 +10,8 @@ through these helpers:
 - the caller's torch state: :func:`measuring` (eval mode, no gradient, no autocast, float32
   default dtype for embgeom's own forward passes, the caller's state restored after);
 - vocabulary: :func:`config_vocab`, :func:`vocab_rows`, :func:`special_token_ids` (the one
-  special-token rule), :func:`allowed_token_ids`, :func:`max_positions`;
+  special-token rule), :func:`allowed_token_ids`, :func:`max_positions`,
+  :func:`check_positions`;
 - input embeddings: :func:`embed_rows` (the module's own output, so any scale applied inside the
   module, e.g. Gemma-3's ``sqrt(d)``, is included: the one place that scale is measured);
 - the start token before soft-prompt vectors: :func:`resolve_start_token`, :func:`prefix`;
@@ -42,6 +43,7 @@ __all__ = [
     "greedy_decode",
     "input_embeddings",
     "last_logits",
+    "check_positions",
     "max_positions",
     "measuring",
     "model_device_dtype",
@@ -336,6 +338,36 @@ def max_positions(hf) -> int | None:
         if isinstance(v, numbers.Integral) and v > 0:
             return int(v)
     return None
+
+
+def check_positions(hf, n_positions: int, name: str, what: str = "") -> None:
+    """Refuse an input of ``n_positions`` positions longer than the model's maximum position.
+
+    A model with a position table (GPT-2, OPT) fails inside torch with an ``IndexError`` that
+    names nothing; a rotary one runs outside the range it was trained on. Either way the
+    argument that asked for it is named here.
+
+    Parameters
+    ----------
+    hf : transformers.PreTrainedModel
+    n_positions : int
+        Positions the longest input takes (start token and soft prompt included).
+    name : str
+        The argument that set it, for the message (e.g. ``"lengths"``).
+    what : str, optional
+        How the positions arise, for the message (e.g. ``"1 start token + 2 memory vectors +
+        a 70-token target"``).
+
+    Raises
+    ------
+    ValueError
+        ``n_positions`` above :func:`max_positions` (nothing when the model has no maximum).
+    """
+    limit = max_positions(hf)
+    if limit is not None and n_positions > limit:
+        how = f" ({what})" if what else ""
+        raise ValueError(f"{name}: {n_positions} positions{how} exceed the model's maximum "
+                         f"position ({limit} tokens)")
 
 
 def special_token_ids(hf, tokenizer) -> set[int]:

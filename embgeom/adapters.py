@@ -47,9 +47,9 @@ import torch
 
 from ._hf import allowed_token_ids as _allowed_token_ids
 from ._hf import base_model as _base_model
+from ._hf import check_positions as _check_positions
 from ._hf import config_vocab as _config_vocab
 from ._hf import embed_rows, input_embeddings
-from ._hf import max_positions as _max_positions
 from ._hf import measuring as _measuring
 from ._hf import output_embeddings as _output_embeddings
 from ._hf import unwrap as _unwrap
@@ -451,9 +451,16 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", *, progress: bo
     TypeError
         ``name_or_path`` is not a string or path.
     ValueError
-        An unknown name that is not an existing path (the message lists the registry names).
+        An unknown name that is not an existing path (the message lists the registry names); a
+        folder or file that transformers or the GGUF reader cannot load as a causal LM (an
+        empty folder, a config without ``model_type``, missing or truncated weights, weights
+        that do not fit the config, a ``.gguf`` file that is not one, a model that is not a
+        causal LM): the message starts with ``name_or_path:``, names the path and gives the
+        loader's own reason (its exception is chained as ``__cause__``).
     ModuleNotFoundError
         A registry model whose package is not installed (the message gives the pip command).
+    MemoryError
+        The weights do not fit in memory.
 
     Notes
     -----
@@ -501,28 +508,61 @@ def load_model(name_or_path: str | os.PathLike = "smollm2-135m", *, progress: bo
     )
 
 
+def _first_line(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (transformers' messages run over many lines)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0].strip() if text else '(no message)'}"
+
+
+@contextlib.contextmanager
+def _loading(path: Path):
+    """Turn what the third-party loaders raise about the files at ``path`` into a ValueError
+    that names ``name_or_path`` and the path, with the loader's reason and exception chained.
+
+    The readers (transformers' ``from_pretrained``, safetensors, the GGUF reader) raise
+    ``ValueError``, ``OSError``, ``KeyError``, ``RuntimeError``, ``SafetensorError`` and more
+    for a folder or file that is not a loadable causal LM; all of these are about the user's
+    files. A missing package (``ImportError``) and ``MemoryError`` pass unchanged.
+    """
+    try:
+        yield
+    except (ImportError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every loader failure here is about the files
+        raise ValueError(
+            f"name_or_path: cannot load a causal language model from {path} ({_first_line(exc)}); "
+            "pass a Hugging Face folder of a causal LM (config.json with a model_type, and its "
+            "weights), a .gguf file, or a registry name"
+        ) from exc
+
+
 def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     if path.is_file():
         folder, kw = str(path.parent), {"gguf_file": path.name}
-        source_dtype = _gguf_source_dtype(path)
+        with _loading(path):
+            source_dtype = _gguf_source_dtype(path)
     else:
         folder, kw = str(path), {}
         source_dtype = None
     with _quiet_transformers(progress):
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32, local_files_only=True, **kw
-        )
+        with _loading(path):
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=torch.float32, local_files_only=True, **kw
+            )
         tokenizer = None
         # transformers 5 builds an empty tokenizer for a folder without tokenizer files: look
         # for the files first, so that "no tokenizer" is reported as such.
         if path.is_file() or any((path / f).is_file() for f in _TOKENIZER_FILES):
             try:
                 tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
-            except (OSError, ValueError, KeyError) as exc:
-                _log.warning("no tokenizer loaded for %s (%s); vocabulary from config", path, exc)
+            except MemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - tokenizers raises bare Exception too
+                _log.warning("no tokenizer loaded for %s (%s); vocabulary from config", path,
+                             _first_line(exc))
         else:
             _log.warning("no tokenizer files in %s; vocabulary from config", path)
     if source_dtype is None:
@@ -1347,11 +1387,7 @@ def sample_hidden_states(
     n = check_positive_int(n_per_length, "n_per_length")
     batch_size = check_positive_int(batch_size, "batch_size")
     seed = check_positive_int(seed, "seed", minimum=0)
-    max_pos = _max_positions(hf)
-    if max_pos is not None and max(lengths) > max_pos:
-        raise ValueError(
-            f"lengths: {max(lengths)} exceeds the model's maximum position ({max_pos} tokens)"
-        )
+    _check_positions(hf, max(lengths), "lengths", "the longest random token sequence")
     n_rows, d = _output_embeddings(hf).weight.shape
     vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), n_rows)
     allowed = _allowed_token_ids(hf, tokenizer, vocab)

@@ -6,9 +6,15 @@ scipy or numpy); each sub-command imports its module inside its handler. The wor
 
 Errors, in three kinds:
 
-- bad input (an unknown model, a non-positive count, ``--out`` that cannot be written, a missing
-  model package, any ``OSError`` such as a full disk) ends with one line on stderr and exit
-  code 2, no traceback. Output folders are checked before any model is loaded;
+- bad input ends with one line on stderr that names the flag, and exit code 2, no traceback.
+  By kind: a value embgeom refuses (an unknown model, a non-positive count, a seed outside
+  ``[0, 2**63)``, Ray resources that are not positive numbers); a model folder or file that
+  cannot be loaded (:func:`embgeom.adapters.load_model` names ``--model`` and the loader's
+  reason); a file named on the command line, or a resume file in ``--out``, that is not UTF-8
+  text; ``--out`` that cannot be written and any ``OSError`` such as a full disk; a missing
+  package; sizes that need more memory than the machine has (the message names the size
+  flags of the command). Output folders and resume files are checked before any model is
+  loaded;
 - an internal error (an exception that embgeom did not raise on purpose: a bug) ends with one
   line that says so and exit code 1; ``--debug`` shows its traceback (and that of any error);
 - Ctrl-C ends with exit code 130.
@@ -34,6 +40,15 @@ _log = logging.getLogger("embgeom.cli")
 
 class UsageError(ValueError):
     """A command-line argument that cannot be used (reported with exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with its errors on one line: ``embgeom cram: error: argument --seed:
+    ...`` and where to find the usage, instead of the usage block above the message."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} "
+                     "--help)\n")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -106,19 +121,24 @@ def _start_token(text: str):
     return value
 
 
+#: seeds are passed to numpy and torch with small offsets added (seed + 1, per-stream keys);
+#: below 2**63 every one of them is a valid int64/uint64 entropy word
+_SEED_LIMIT = 2**63
+
+
 def _seed(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    if not 0 <= v < _SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {v}")
     return v
 
 
 def _common_options() -> argparse.ArgumentParser:
     """The options every sub-command takes (a parent parser)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     g = common.add_argument_group("output and diagnostics")
     g.add_argument("-q", "--quiet", action="store_true",
                    help="print only errors and the final summary: no progress bars, no "
@@ -154,7 +174,7 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
         def add_executor_arguments(parser):
             return None
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="embgeom",
         description="Embedding-space geometry and the limits it puts on what a language model "
         "can generate.",
@@ -295,6 +315,23 @@ def _check_output_folder(path: Path, flag: str) -> None:
         raise UsageError(f"{flag}: cannot write into {probe} ({why})") from None
 
 
+def _check_text_file(path: Path, flag: str, what: str) -> None:
+    """Fail now, with one line, when the existing file ``path`` is not UTF-8 text.
+
+    The readers behind the flags (JSON, JSONL) would otherwise raise a ``UnicodeDecodeError``
+    that names no file, deep into the run.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            while fh.read(1 << 20):
+                pass
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{flag}: {path} is not UTF-8 text (byte {exc.start}: {exc.reason}), so "
+                         f"it is not {what}") from None
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot read {path} ({exc.strerror or type(exc).__name__})") from None
+
+
 def _progress(args) -> bool:
     from ._progress import progress_enabled
 
@@ -340,6 +377,11 @@ def _cmd_report(args) -> dict:
     _check_output_folder(out, "--out")
     if args.cache_dir is not None:
         _check_output_folder(args.cache_dir, "--cache-dir")
+    if args.cram_summary not in ("auto", "none"):
+        given = Path(args.cram_summary).expanduser()
+        summary = given / "cram_summary.json" if given.is_dir() else given
+        if summary.is_file():
+            _check_text_file(summary, "--cram-summary", "an `embgeom cram` summary")
     executor = _executor(args)
     from .report import build_report
 
@@ -393,6 +435,10 @@ def _cram_kwargs(args) -> dict:
 
 def _cmd_cram(args) -> dict:
     _check_output_folder(args.out, "--out")
+    resume = Path(args.out).expanduser() / "cram.jsonl"
+    if resume.is_file():  # a run resumes from it: a foreign file fails now, not after the load
+        _check_text_file(resume, "--out", "a cram.jsonl of `embgeom cram` (move it away or "
+                         "choose another --out)")
     from ._hf import check_device
 
     kw = _cram_kwargs(args)
@@ -481,7 +527,17 @@ def _raised_on_purpose(exc: BaseException) -> bool:
 
 #: library argument names that a command-line flag of another name sets
 _FLAG_OF_LIBRARY_NAME = {"name_or_path": "model", "mems": "mem", "n_cell_samples": "cell_samples",
-                         "n_targets": "n_targets", "out_dir": "out"}
+                         "n_targets": "n_targets", "out_dir": "out", "num_cpus": "ray_num_cpus",
+                         "num_gpus": "ray_num_gpus", "address": "ray_address"}
+
+#: the flags that set how much memory a command needs, named when it runs out
+_SIZE_FLAGS = {"report": "--lengths, --n-per-length, --cell-samples",
+               "cram": "--mem, --lengths, --n-targets",
+               "copy": "--alphabet, --l-train"}
+
+#: the flags that name files a command reads, named when one is not text
+_FILE_FLAGS = {"report": "--model, --cram-summary, --cache-dir", "cram": "--model, --out",
+               "copy": "--out"}
 
 
 def _in_flag_terms(message: str, parser: argparse.ArgumentParser, command: str) -> str:
@@ -505,12 +561,40 @@ def _in_flag_terms(message: str, parser: argparse.ArgumentParser, command: str) 
     return message
 
 
-def _is_user_error(exc: BaseException) -> bool:
-    if isinstance(exc, (UsageError, OSError, ModuleNotFoundError)):
+def _out_of_memory(exc: BaseException) -> bool:
+    """``MemoryError`` (numpy's too), torch's ``OutOfMemoryError`` and the CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
-    if isinstance(exc, (ValueError, TypeError)):
-        return _raised_on_purpose(exc)
-    return False
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text or "cannot allocate memory" in text)
+
+
+def _user_error_message(exc: BaseException, command: str) -> str | None:
+    """The one-line message of an exception caused by the user's input, ``None`` for a bug.
+
+    By kind: embgeom's own input checks (a ``ValueError``/``TypeError``/``ArithmeticError``
+    raised by a ``raise`` statement in embgeom, e.g. a diverged optimisation that names its
+    ``lr``), ``UsageError``, ``OSError`` (files, folders, disks), a missing package, a file
+    that is not UTF-8 text, and running out of memory for the sizes asked for.
+    """
+    if isinstance(exc, (UsageError, OSError, ImportError)):
+        return str(exc)
+    if _out_of_memory(exc):
+        return (f"out of memory ({type(exc).__name__}: {exc}); the sizes asked for need more "
+                f"memory than this machine has: lower {_SIZE_FLAGS[command]}")
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"a file that {_FILE_FLAGS[command]} names is not UTF-8 text ({exc}); rerun with "
+                "--debug to see which")
+    if isinstance(exc, (ValueError, TypeError, ArithmeticError)) and _raised_on_purpose(exc):
+        return str(exc)
+    return None
+
+
+def _one_line(text: str) -> str:
+    """Messages of the libraries underneath run over several lines: one line for stderr."""
+    return " ".join(str(text).split())
 
 
 def _setup_logging(args) -> None:
@@ -567,13 +651,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - sorted into bad input and bugs just below
         if args.debug:
             raise
-        if _is_user_error(exc):
-            print(f"embgeom {args.command}: error: {_in_flag_terms(str(exc), parser, args.command)}",
-                  file=sys.stderr)
+        message = _user_error_message(exc, args.command)
+        if message is not None:
+            message = _in_flag_terms(_one_line(message), parser, args.command)
+            print(f"embgeom {args.command}: error: {message}", file=sys.stderr)
             return 2
-        print(f"embgeom {args.command}: internal error ({type(exc).__name__}: {exc}); this is a "
-              "bug, not your input: rerun with --debug for the traceback and report it",
-              file=sys.stderr)
+        print(f"embgeom {args.command}: internal error ({type(exc).__name__}: "
+              f"{_one_line(exc)}); this is a bug, not your input: rerun with --debug for the "
+              "traceback and report it", file=sys.stderr)
         return 1
     finally:
         logging.captureWarnings(False)

@@ -481,3 +481,41 @@ def test_cache_key_ignores_mode_and_training_only_config(tmp_path):
     c = _dropout_model("gpt2")
     c.config.n_inner = 65
     assert adapters._weights_fingerprint(a) != adapters._weights_fingerprint(c)
+
+
+# ------------------------------------------------------------------ loading the user's files
+
+
+def test_load_model_names_the_argument_for_files_it_cannot_load(tmp_path):
+    """Issue 21, kind 6: transformers', safetensors' and the GGUF reader's exceptions about the
+    user's files are a ValueError that names name_or_path, the path and the loader's reason;
+    the loader's exception stays chained for a traceback."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"^name_or_path: cannot load a causal language model "
+                       r"from .*empty \(ValueError: Unrecognized model") as info:
+        load_model(tmp_path / "empty", progress=False)
+    assert isinstance(info.value.__cause__, ValueError) and "\n" not in str(info.value)
+    (tmp_path / "x.gguf").write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match=r"^name_or_path: .*x\.gguf \(ValueError: GGUF magic"):
+        load_model(tmp_path / "x.gguf", progress=False)
+    model, _ = _tiny("qwen2")
+    model.save_pretrained(tmp_path / "trunc")
+    w = tmp_path / "trunc" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"^name_or_path: .*trunc \(SafetensorError"):
+        load_model(tmp_path / "trunc", progress=False)
+
+
+def test_a_broken_tokenizer_file_is_a_warning_not_a_crash(tmp_path, caplog):
+    """tokenizers raises a bare Exception for a tokenizer.json it cannot parse: the model loads,
+    the vocabulary comes from the config, the warning says why."""
+    model, _ = _tiny("qwen2")
+    model.save_pretrained(tmp_path / "m")
+    for text, why in [('{"added_tokens": [], "model": {"type": "NoSuchModel"}}', "Exception: data"),
+                      ('{"added_tokens": [], "model": {"type": "BPE", "vocab": 3}}', "TypeError")]:
+        (tmp_path / "m" / "tokenizer.json").write_text(text)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="embgeom.adapters"):
+            lm = load_model(tmp_path / "m", progress=False)
+        assert lm.tokenizer is None and unembedding(lm).vocab_source == "config"
+        assert "no tokenizer loaded" in caplog.text and why in caplog.text

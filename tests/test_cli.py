@@ -476,3 +476,192 @@ def test_copy_prints_a_table_and_the_json_path(capsys, monkeypatch, tmp_path):
     import json
 
     assert len(json.loads((out / "copy_summary.json").read_text())["bounds"]["x"]) == 5000
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 21, kind 6: a third-party exception caused by the user's input never reaches the
+# "internal error" branch; it is one line on stderr that names the flag, and exit code 2
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory):
+    """Folders and files that are not loadable causal LMs, each as a user might pass them."""
+    import json
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    root = tmp_path_factory.mktemp("bad_models")
+    torch.manual_seed(0)
+    good = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2,
+                                      n_positions=32))
+
+    def folder(name):
+        (root / name).mkdir()
+        return root / name
+
+    folder("empty")
+    (folder("config_not_json") / "config.json").write_text("{not json")
+    (folder("config_without_model_type") / "config.json").write_text(json.dumps({"n_embd": 32}))
+    (folder("unknown_model_type") / "config.json").write_text(json.dumps({"model_type": "nosuch"}))
+    good.config.save_pretrained(folder("no_weights"))
+    good.save_pretrained(root / "truncated_weights")
+    w = root / "truncated_weights" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    good.save_pretrained(root / "config_does_not_fit")
+    cfg = json.loads((root / "config_does_not_fit" / "config.json").read_text())
+    (root / "config_does_not_fit" / "config.json").write_text(json.dumps({**cfg, "n_embd": 64}))
+    (root / "not_a.gguf").write_bytes(b"this is not a gguf file" * 8)
+    (root / "empty.gguf").write_bytes(b"")
+    return root
+
+
+BAD_MODELS = ["empty", "config_not_json", "config_without_model_type", "unknown_model_type",
+              "no_weights", "truncated_weights", "config_does_not_fit", "not_a.gguf", "empty.gguf"]
+
+
+def _one_error_line(err, command):
+    lines = [x for x in err.splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith(f"embgeom {command}: ")]
+    assert len(errors) == 1 and "Traceback" not in err and "internal error" not in err, err
+    # the rest, if any, are the report's phase lines (a sign of life when stderr is no terminal)
+    assert all(x.startswith("embgeom: INFO:") for x in lines if x not in errors), err
+    return errors[0]
+
+
+@pytest.mark.parametrize("name", BAD_MODELS)
+@pytest.mark.parametrize("command", ["report", "cram"])
+def test_a_model_that_cannot_be_loaded_names_model(capsys, tmp_path, bad_models, name, command):
+    """Empty folder (the issue's example: "internal error (ValueError: Unrecognized model ...)"),
+    broken config, missing/truncated/misfit weights, a .gguf that is not one: exit 2, one line
+    naming --model, the path and the loader's own reason."""
+    extra = ["--lengths", "2"] if command == "cram" else ["--quick"]
+    code, err = _run(capsys, [command, "--model", str(bad_models / name), "--out",
+                              str(tmp_path / "o"), *extra])
+    line = _one_error_line(err, command)
+    assert code == 2
+    assert line.startswith(f"embgeom {command}: error: --model: cannot load a causal language "
+                           f"model from {bad_models / name} ("), line
+
+
+def test_empty_model_folder_in_a_real_process(tmp_path):
+    """The issue's reproducer as a user runs it: `embgeom report --model <empty folder>`."""
+    (tmp_path / "empty").mkdir()
+    for quiet in ([], ["-q"]):
+        out = subprocess.run([sys.executable, "-m", "embgeom", "report", "--model",
+                              str(tmp_path / "empty"), "--out", str(tmp_path / "r"), *quiet],
+                             capture_output=True, text=True, timeout=300,
+                             env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+        assert out.returncode == 2, out.stderr
+        line = _one_error_line(out.stderr, "report")
+        assert line.startswith("embgeom report: error: --model: cannot load") and "model_type" in line
+        if quiet:
+            assert out.stderr.strip() == line
+
+
+def test_files_that_are_not_text_name_their_flag(capsys, tmp_path, monkeypatch):
+    """A binary --cram-summary (was "internal error (UnicodeDecodeError ...)"), and a binary
+    cram.jsonl in cram's --out, refused before any model is loaded."""
+    from embgeom.cramming import _run as run_mod
+
+    monkeypatch.setattr(run_mod, "_load", lambda name: (_ for _ in ()).throw(
+        AssertionError("the model was loaded before the resume file was checked")))
+    blob = bytes(range(128, 256)) * 4
+    (tmp_path / "summary.json").write_bytes(blob)
+    code, err = _run(capsys, ["report", "--cram-summary", str(tmp_path / "summary.json"),
+                              "--out", str(tmp_path / "r")])
+    assert code == 2 and _one_error_line(err, "report").startswith(
+        f"embgeom report: error: --cram-summary: {tmp_path / 'summary.json'} is not UTF-8 text")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "cram.jsonl").write_bytes(b'{"ok": 1}\n' + blob)
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), "--lengths", "2"])
+    assert code == 2 and _one_error_line(err, "cram").startswith(
+        f"embgeom cram: error: --out: {tmp_path / 'c' / 'cram.jsonl'} is not UTF-8 text")
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("report", "--lengths, --n-per-length, --cell-samples"),
+    ("cram", "--mem, --lengths, --n-targets"),
+    ("copy", "--alphabet, --l-train"),
+])
+@pytest.mark.parametrize("exc", [
+    MemoryError("Unable to allocate 91.6 GiB for an array with shape (64, 192112075)"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                 "allocate memory: you tried to allocate 25600000512 bytes."),
+])
+def test_sizes_that_do_not_fit_in_memory_name_the_size_flags(capsys, monkeypatch, tmp_path,
+                                                             command, flags, exc):
+    """`copy --alphabet 100000000` and `cram --mem 100000000` ran out of memory as an
+    "internal error"; the sizes are the user's: exit 2, naming the flags that set them."""
+    from embgeom import copying, cramming, report
+
+    def boom(*a, **k):
+        raise exc
+
+    for mod, name in ((cramming, "run_cram"), (copying, "run_copy"), (report, "build_report")):
+        monkeypatch.setattr(mod, name, boom)
+    code, err = _run(capsys, [command, "--out", str(tmp_path / "o")])
+    line = _one_error_line(err, command)
+    assert code == 2 and line.startswith(f"embgeom {command}: error: out of memory (")
+    assert line.endswith(f"lower {flags}")
+
+
+def test_a_bug_is_still_an_internal_error_and_on_one_line(capsys, monkeypatch, tmp_path):
+    """The kinds above are narrow: a RuntimeError or IndexError from torch stays a bug."""
+    for exc in (RuntimeError("shape mismatch\nin a kernel"), IndexError("index out of range")):
+        _fake_cram(monkeypatch, lambda: (_ for _ in ()).throw(exc))
+        code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c")])
+        assert code == 1 and "internal error" in err and len(err.strip().splitlines()) == 1
+
+
+def test_multi_line_messages_become_one_line(capsys, monkeypatch, tmp_path):
+    def boom():
+        raise OSError("first line\n  second line")
+
+    _fake_cram(monkeypatch, boom)
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c")])
+    assert code == 2 and err.strip() == "embgeom cram: error: first line second line"
+
+
+@pytest.mark.parametrize("argv, head", [
+    (["--executor", "ray", "--ray-num-cpus", "-1"], "--ray-num-cpus: expected a number > 0"),
+    (["--executor", "ray", "--ray-num-cpus", "nan"], "--ray-num-cpus: expected a finite number"),
+    (["--executor", "ray", "--ray-num-gpus", "-2"], "--ray-num-gpus: expected a number >= 0"),
+])
+def test_ray_resources_name_their_flag(capsys, tmp_path, argv, head):
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), *argv])
+    assert code == 2 and err.strip().startswith(f"embgeom cram: error: {head}"), err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("seed", [str(2**63), str(2**70), "-1"])
+def test_seed_outside_the_range_every_command_can_use(capsys, command, seed):
+    """`cram --seed 2**70` failed deep in the seeding ("got list [...]"); the range is one for
+    every command and checked by the parser."""
+    code, err = _run(capsys, [command, "--out", "x", "--seed", seed])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"embgeom {command}: error: argument --seed: expected an integer in "
+                          "[0, 2**63)")
+
+
+@pytest.mark.parametrize("argv", [
+    ["report", "--lengths", "0"], ["cram", "--out", "x", "--precision", "fp16"],
+    ["copy", "--bogus", "--out", "x"], ["report", "--n-per-length"], [],
+])
+def test_parser_errors_are_one_line(capsys, argv):
+    code, err = _run(capsys, argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "error:" in err, err
+    assert err.rstrip().endswith("--help)")
+
+
+def test_diverged_optimisation_is_the_users_lr(capsys, monkeypatch, tmp_path):
+    """A FloatingPointError that embgeom raises on purpose (the loss diverged: "use a smaller
+    lr") is the user's setting, not a bug."""
+    from embgeom.cramming import _run as run_mod
+
+    tiny = _tiny_llama()
+    monkeypatch.setattr(run_mod, "_load", lambda name: tiny)
+    code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), "--lengths", "2", "--lr",
+                              "1e308", "--steps", "3", "--n-targets", "1", "--start-token", "none"])
+    assert code == 2 and "not finite" in err and "lr" in err and "internal" not in err, err

@@ -283,3 +283,13 @@ def test_embed_rows_under_the_callers_autocast_and_default_dtype():
     finally:
         torch.set_default_dtype(old)
     assert got.dtype == torch.float32 and torch.equal(got, ref)
+
+
+def test_check_positions_names_the_argument():
+    m = _tiny()  # max_position_embeddings 128
+    _hf.check_positions(m, 128, "lengths")
+    with pytest.raises(ValueError, match=r"^lengths: 129 positions \(1 start token \+ 128\) exceed "
+                       r"the model's maximum position \(128 tokens\)"):
+        _hf.check_positions(m, 129, "lengths", "1 start token + 128")
+    m.config.max_position_embeddings = None
+    _hf.check_positions(m, 10**6, "lengths")  # no maximum known: nothing to check

@@ -53,7 +53,6 @@ References
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _rare_kernels
+from ._threads import single_blas_thread
 from ._validation import check_array, check_positive_int, check_probability
 
 __all__ = ["ConeMeasure", "log_cone_gaussian_measure"]
@@ -80,7 +80,6 @@ SE_INFLATION = 1.2
 MAX_GRAM = 16384
 #: Cap on reflections per exact-HMC trajectory (a chain that reaches it stops there, inside).
 MAX_BOUNCES = 1000
-_DEBUG = False
 
 
 @dataclass
@@ -117,7 +116,9 @@ class ConeMeasure:
         Wall time per token.
     confidence : float
     params : dict
-        The sampler's settings (chains, groups, level probability, moves, seed entropy).
+        The sampler's settings (chains, groups, level probability, moves) and the root seed
+        (``seed_entropy``, ``seed_spawn_key``: ``SeedSequence(seed_entropy,
+        spawn_key=seed_spawn_key)`` reruns the same draws).
     """
 
     token_ids: np.ndarray
@@ -248,20 +249,6 @@ def _cone_is_empty(A: np.ndarray, tol: float = 1e-9) -> bool:
     bounds = [(-1.0, 1.0)] * k + [(None, 1.0)]
     res = linprog(cost, A_ub=A_ub, b_ub=np.zeros(M), bounds=bounds, method="highs")
     return bool(res.status == 0 and -res.fun <= tol)
-
-
-def _one_blas_thread():
-    """Run the sampler's small products on one BLAS thread.
-
-    They are a few MFLOP each; on a shared machine handing them to a thread pool costs more than
-    it saves (measured on 2 busy cores: a (256, 64) x (64, 40) product took 22 ms threaded,
-    0.07 ms on one thread; a (256, 576) x (576, 2000) float32 product 69 ms vs 17 ms).
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 class _Constraints:
@@ -462,9 +449,7 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
             nu = rng.standard_normal((n, k))
             Q = np.ascontiguousarray(nu @ cs.A.T)
             if move == "hmc":
-                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t_max, MAX_BOUNCES)
-                if _DEBUG:
-                    print(f"level {len(counts)} M {cs.M} bounces mean {b.mean():.1f} max {b.max()} capped {(b >= MAX_BOUNCES).mean():.3f}")
+                _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t_max, MAX_BOUNCES)
             else:
                 theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(n))
                 c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
@@ -561,6 +546,20 @@ def _check_tokens(token_ids, V: int) -> np.ndarray:
     return t.astype(np.int64)
 
 
+def _token_seed(root: np.random.SeedSequence, t: int) -> np.random.SeedSequence:
+    """The stream of token ``t``: the child of key ``t`` of ``root``, spawn key included."""
+    return np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, t),
+                                  pool_size=root.pool_size)
+
+
+def _seed_record(root: np.random.SeedSequence) -> dict:
+    """JSON-able ``seed_entropy`` (an int or a list of ints) and ``seed_spawn_key`` of ``root``:
+    ``SeedSequence(seed_entropy, spawn_key=seed_spawn_key)`` is the same root again."""
+    e = root.entropy
+    entropy = int(e) if isinstance(e, (int, np.integer)) else [int(x) for x in e]
+    return {"seed_entropy": entropy, "seed_spawn_key": [int(k) for k in root.spawn_key]}
+
+
 def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k,
                     n_probes, min_full_fraction, max_levels, confidence, move, working_set,
                     seed) -> tuple:
@@ -582,8 +581,9 @@ def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints,
         raise ValueError(f"move: expected 'hmc' or 'ess', got {move!r}")
     if working_set not in ("auto", True, False):
         raise ValueError(f"working_set: expected 'auto', True or False, got {working_set!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise TypeError(f"seed: expected None or an int, got {type(seed).__name__}")
+    if seed is not None and not isinstance(seed, np.random.SeedSequence) and (
+            isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise TypeError(f"seed: expected None, an int or a numpy SeedSequence, got {type(seed).__name__}")
     return (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
             min_full_fraction, max_levels, confidence)
 
@@ -660,9 +660,12 @@ def log_cone_gaussian_measure(
         Give up after this many levels (``level_prob ** max_levels``: about ``e^-277`` at 0.5).
     confidence : float, default 0.95
         Two-sided coverage of ``[log_lower, log_upper]``.
-    seed : int or None, default 0
-        Token ``t`` draws from ``SeedSequence(seed, spawn_key=(t,))``: results do not depend on
-        which other tokens are estimated, nor their order.
+    seed : int, numpy.random.SeedSequence or None, default 0
+        The root seed. Token ``t`` draws from the root's child of key ``t``:
+        ``SeedSequence(root.entropy, spawn_key=(*root.spawn_key, t))`` (for an int ``s``,
+        ``SeedSequence(s, spawn_key=(t,))``), so results do not depend on which other tokens are
+        estimated, nor their order, and two spawned SeedSequences give independent runs.
+        ``None``: fresh OS entropy (recorded in ``params``).
     progress : bool, default False
         tqdm bar over tokens.
 
@@ -731,7 +734,7 @@ def log_cone_gaussian_measure(
         max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
         min_full_fraction=min_full_fraction, max_levels=max_levels, confidence=confidence,
         move=move, working_set=working_set, seed=seed)
-    entropy = np.random.SeedSequence(seed).entropy
+    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
 
     row_sq = np.einsum("ij,ij->i", WG32, WG32, dtype=np.float64)
     tq = stats.t.ppf(0.5 + confidence / 2, n_groups - 1)
@@ -755,8 +758,8 @@ def log_cone_gaussian_measure(
                     f"working_set: False with move='hmc' needs the Gram matrix of all "
                     f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
                 )
-            rng = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(int(t),)))
-            with _one_blas_thread():
+            rng = np.random.default_rng(_token_seed(root, int(t)))
+            with single_blas_thread():
                 lp, se, sd, nl, nu, nc, lc = _split_token(
                     cone, rng, n_chains=n_chains, n_groups=n_groups, level_prob=level_prob,
                     n_moves=n_moves, move=move, working=working, full_check=full_check,
@@ -784,6 +787,6 @@ def log_cone_gaussian_measure(
         n_full_checks=n_checked, confidence=confidence,
         params={"n_chains": n_chains, "n_groups": n_groups, "level_prob": level_prob,
                 "n_moves": n_moves, "move": move, "working_set": str(working_set), "full_check": bool(full_check),
-                "seed_entropy": int(entropy)},
+                **_seed_record(root)},
         **out,
     )

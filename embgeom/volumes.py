@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels
-from ._rare_event import ConeMeasure, log_cone_gaussian_measure
+from ._rare_event import ConeMeasure, _seed_record, log_cone_gaussian_measure
 from ._stats import binomial_interval, wilson_interval
 from ._validation import check_positive_int, check_probability, seed_sequence
 from .cells import Decoder
-from .parallel import executor_scope
+from .parallel import executor_scope, task_seed
 
 __all__ = ["CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval",
            "ConeMeasure", "log_cone_gaussian_measure"]
@@ -56,8 +56,11 @@ class CellVolumes:
     sampling : str
         ``"directions"`` (Gaussian directions: bias None and an origin-centred ball) or
         ``"support"`` (uniform points from ``support.sample``).
-    seed_entropy : int
-        Entropy of the root ``SeedSequence``; with it the run is reproducible.
+    seed : numpy.random.SeedSequence
+        The root ``SeedSequence`` every draw of the run descends from (uniform blocks and
+        rare-event tokens alike): ``cell_volumes(..., seed=cv.seed)`` with the same other
+        arguments reproduces the run bit for bit. :meth:`to_dict` records it as
+        ``seed_entropy`` (an int or a list of ints) and ``seed_spawn_key``.
     seconds : float
         Wall time.
     log_fractions : numpy.ndarray of float64, shape (n_tokens,)
@@ -72,6 +75,10 @@ class CellVolumes:
         Which estimator produced each token's log figures: ``"rare-event"``, ``"uniform"``,
         ``"empty"`` (proven empty) or ``"not estimated"`` (outside the token sample; its
         ``log_fractions`` is ``nan``, the uniform fields still hold).
+    estimator : {"uniform", "rare-event"}
+        Which estimator produced the log figures as a whole: ``"uniform"`` (counts only) or
+        ``"rare-event"`` (multilevel splitting for the token sample). Follow-up questions
+        (:meth:`cell_volume_rate`) are answered by it.
     """
 
     fractions: np.ndarray
@@ -83,19 +90,84 @@ class CellVolumes:
     interval: str
     support_log_volume: float
     sampling: str
-    seed_entropy: int
+    seed: np.random.SeedSequence
     seconds: float
     extra: dict = field(default_factory=dict)
     log_fractions: np.ndarray | None = None
     log_lower: np.ndarray | None = None
     log_upper: np.ndarray | None = None
     token_method: np.ndarray | None = None
+    estimator: str = "uniform"
 
     def __post_init__(self):
+        if self.estimator not in ("uniform", "rare-event"):
+            raise ValueError(f"estimator: expected 'uniform' or 'rare-event', got {self.estimator!r}")
+        if not isinstance(self.seed, np.random.SeedSequence):
+            raise TypeError(f"seed: expected the root numpy SeedSequence, got {type(self.seed).__name__}")
+        if (self.log_fractions is None) != (self.estimator == "uniform"):
+            raise ValueError("log_fractions: expected rare-event log figures exactly when "
+                             "estimator='rare-event'")
         if self.log_fractions is None:  # uniform counts only: logs of the same figures
             self.log_fractions, self.log_lower, self.log_upper = _uniform_logs(
                 self.counts, self.n_samples, self.lower, self.upper)
             self.token_method = np.full(self.counts.size, "uniform")
+
+    def cell_volume_rate(self, k_max: int = 32, *, n_boot: int | None = None,
+                         confidence: float = 0.95, seed=0, max_support: int = 4096,
+                         exact_limit: int = 2**20, sum_tol: float = 1e-6, normalize=None):
+        """lambda (nats per token) from these shares, by the functional that fits the estimator.
+
+        ``estimator == "rare-event"``: :func:`embgeom.bounds.cell_volume_rate_from_logs` on the
+        tokens with a rare-event figure (``token_method`` "rare-event" or "empty"), with their
+        intervals read at their own level (``token_confidence = self.confidence``) and a
+        bootstrap interval ``rate_ci`` at ``confidence``. ``"uniform"``:
+        :func:`embgeom.bounds.cell_volume_rate` on ``fractions`` with ``lower``, ``upper`` and
+        ``n_samples``.
+
+        Parameters
+        ----------
+        k_max : int, default 32
+            Largest number of tokens ``k`` of the median curve.
+        n_boot : int, optional
+            Bootstrap replicates. ``None``: 200 for rare-event log-shares (their interval is
+            part of the estimate), 0 for uniform counts. An explicit 0 means none.
+        confidence : float, default 0.95
+            Level of ``rate_ci``, in (0, 1); only the rare-event estimator forms ``rate_ci``
+            (the uniform counts' bootstrap gives ``rate_bootstrap``, a mean and a spread).
+        seed : int, Generator or None, default 0
+            Seed of the bootstrap.
+        max_support, exact_limit : int
+            Grid size and exact-enumeration limit of the median curve.
+        sum_tol : float, default 1e-6
+            Uniform counts only: tolerance on ``sum(fractions) = 1``.
+        normalize : bool or "auto", optional
+            ``None``: each functional's default (``"auto"`` for log-shares, True for counts).
+
+        Returns
+        -------
+        embgeom.bounds.CellVolumeRate
+            ``estimator`` is ``"log-shares"`` or ``"uniform counts"``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As the functional called (bad ``k_max``, ``n_boot``, ``confidence``, ...).
+        """
+        from .bounds import cell_volume_rate, cell_volume_rate_from_logs
+
+        if self.estimator == "rare-event":
+            ids = np.flatnonzero(np.isin(self.token_method, ("rare-event", "empty")))
+            return cell_volume_rate_from_logs(
+                self.log_fractions[ids], k_max, log_lower=self.log_lower[ids],
+                log_upper=self.log_upper[ids], vocab_size=self.counts.size,
+                normalize="auto" if normalize is None else normalize,
+                n_boot=200 if n_boot is None else n_boot, confidence=confidence,
+                token_confidence=self.confidence, max_support=max_support,
+                exact_limit=exact_limit, seed=seed)
+        return cell_volume_rate(
+            self.fractions, k_max, lower=self.lower, upper=self.upper, n_samples=self.n_samples,
+            n_boot=0 if n_boot is None else n_boot, seed=seed, max_support=max_support,
+            exact_limit=exact_limit, sum_tol=sum_tol, normalize=normalize)
 
     @property
     def log_volumes(self) -> np.ndarray:
@@ -163,7 +235,8 @@ class CellVolumes:
             "interval": self.interval,
             "support_log_volume": float(self.support_log_volume),
             "sampling": self.sampling,
-            "seed_entropy": int(self.seed_entropy),
+            "estimator": self.estimator,
+            **_seed_record(self.seed),
             "seconds": float(self.seconds),
             "max_fraction": float(self.fractions.max()),
             "median_hit_fraction": float(np.median(nz)) if nz.size else float("nan"),
@@ -242,8 +315,6 @@ def _count_blocks(blocks: tuple, *, decoder: Decoder, support, directions: bool,
     ``blocks`` is a tuple of ``(i, m)``: block ``i`` of ``m`` points drawn from
     ``task_seed(root, i)``. Returns int64 (n_tokens,) summing to the points of all blocks.
     """
-    from .parallel import task_seed
-
     counts = np.zeros(decoder.n_tokens, dtype=np.int64)
     for i, m in blocks:
         counts += _count_chunk(m, decoder=decoder, support=support, directions=directions,
@@ -290,7 +361,7 @@ def _token_sample(tokens, n_tokens: int, root: np.random.SeedSequence) -> np.nda
         k = check_positive_int(tokens, "tokens")
         if k >= n_tokens:
             return np.arange(n_tokens, dtype=np.int64)
-        rng = np.random.default_rng(np.random.SeedSequence(root.entropy, spawn_key=(2**31 - 1,)))
+        rng = np.random.default_rng(task_seed(root, TOKEN_SAMPLE_KEY))
         return np.sort(rng.choice(n_tokens, size=k, replace=False)).astype(np.int64)
     ids = np.asarray(tokens)
     if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
@@ -300,6 +371,12 @@ def _token_sample(tokens, n_tokens: int, root: np.random.SeedSequence) -> np.nda
     return np.unique(ids).astype(np.int64)
 
 
+#: Key of the token sample's stream among the root's children (the uniform blocks use keys
+#: 0, 1, ... and the rare-event tokens the children of :data:`RARE_EVENT_KEY`).
+TOKEN_SAMPLE_KEY = 2**31 - 1
+#: Key of the rare-event streams: token ``t`` draws from child ``t`` of
+#: ``task_seed(root, RARE_EVENT_KEY)``, apart from the uniform blocks' streams.
+RARE_EVENT_KEY = "rare-event"
 #: ``tokens="auto"``: every token up to this vocabulary size, else a seeded uniform sample.
 AUTO_ALL_TOKENS = 4096
 #: Size of that sample: enough for lambda and the histogram (the spread of log-shares across
@@ -352,7 +429,11 @@ def cell_volumes(
     seed : None, int, array_like of int, SeedSequence, BitGenerator or Generator
         Anything ``numpy.random.default_rng`` takes (:func:`embgeom._validation.seed_sequence`;
         a Generator is advanced by one ``spawn``, as a draw would advance it). ``None``: fresh
-        OS entropy.
+        OS entropy. Every draw descends from its root ``SeedSequence`` (spawn key included):
+        uniform block ``i`` from ``task_seed(root, i)``, the token sample from
+        ``task_seed(root, TOKEN_SAMPLE_KEY)`` and rare-event token ``t`` from child ``t`` of
+        ``task_seed(root, RARE_EVENT_KEY)``. The result keeps the root (``CellVolumes.seed``):
+        passing it again reproduces the run bit for bit.
     batch_size : int, default 8192
         Points per task, rounded to whole blocks of :data:`SAMPLE_BLOCK` (at least one): the
         grouping of the blocks into tasks, which changes the speed, not the counts.
@@ -365,8 +446,8 @@ def cell_volumes(
         multilevel splitting (:func:`embgeom._rare_event.log_cone_gaussian_measure`), which
         needs a decoder without bias and an origin-centred ellipsoidal support (origin ball,
         final-norm shell without bias, ellipsoid centred at 0), where every cell is a cone.
-        ``"auto"``: rare-event where it applies, uniform elsewhere (``extra["rare_event"]``
-        says why).
+        ``"auto"``: rare-event where it applies, uniform elsewhere (``estimator`` says which,
+        ``extra["rare_event"]`` why).
     tokens : "auto", None, int or array_like of int, default "auto"
         Tokens given a rare-event estimate: ``None`` every token, an int a seeded uniform
         sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
@@ -449,13 +530,12 @@ def cell_volumes(
     for c in out.values():  # integer sums: exact in any order
         counts += c
     lower, upper = binomial_interval(counts, n_samples, confidence, interval)
-    extra = {"batch_size": batch_size, "sample_block": SAMPLE_BLOCK, "executor": ex.name,
-             "method": "uniform" if method == "uniform" or why_not else "rare-event"}
+    extra = {"batch_size": batch_size, "sample_block": SAMPLE_BLOCK, "executor": ex.name}
+    estimator = "uniform" if method == "uniform" or why_not else "rare-event"
     logs = {}
-    if method != "uniform" and why_not is None:
+    if estimator == "rare-event":
         logs, extra["rare_event"] = _rare_event_logs(
-            decoder, G, _token_sample(tokens, decoder.n_tokens, root), counts, n_samples, lower,
-            upper, int(root.entropy) if isinstance(root.entropy, (int, np.integer)) else 0,
+            decoder, G, _token_sample(tokens, decoder.n_tokens, root), task_seed(root, RARE_EVENT_KEY),
             n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress,
             executor=executor)
     elif why_not is not None:
@@ -470,9 +550,10 @@ def cell_volumes(
         interval=interval,
         support_log_volume=log_vol,
         sampling="directions" if directions else "support",
-        seed_entropy=int(root.entropy) if isinstance(root.entropy, (int, np.integer)) else 0,
+        seed=root,
         seconds=time.perf_counter() - t0,
         extra=extra,
+        estimator=estimator,
         **logs,
     )
 
@@ -526,13 +607,13 @@ def _check_rare_event_options(options, n_chains: int, confidence: float) -> dict
     return dict(options)
 
 
-def _rare_event_logs(decoder, G, ids, counts, n_samples, lower, upper, seed, *, n_chains,
-                     confidence, options, progress, executor="local"):
+def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, progress,
+                     executor="local"):
     """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens.
 
     Token chunks of :data:`RARE_EVENT_CHUNK` run as keyed tasks on ``executor`` (``W`` and
-    ``G`` shipped once); every token draws from its own seed, so the figures are the same for
-    every executor and chunking.
+    ``G`` shipped once); token ``t`` draws from child ``t`` of the SeedSequence ``seed``, so the
+    figures are the same for every executor and chunking.
     """
     opts = dict(options or {})  # checked by cell_volumes before the uniform pass
     tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)

@@ -572,27 +572,113 @@ def test_rate_from_logs_nan_outside_sample_unresolved_and_empty():
     assert e.n_empty == 1 and np.all(e.log_median <= f.log_median + 1e-12)
 
 
-def test_cell_volume_rate_accepts_cell_volumes(tmp_path):
-    from embgeom.supports import Ball as B_
-    from embgeom.cells import Decoder
-    from embgeom.volumes import cell_volumes
+def _cell_volumes_by_hand(counts, n_samples, log_shares=None, half_width=0.5, confidence=0.95):
+    """A CellVolumes built from its fields: uniform counts, or rare-event log-shares whose
+    two-sided ``confidence`` intervals are ``log_share -+ half_width``."""
+    from embgeom.volumes import CellVolumes, binomial_interval
 
-    rng = np.random.default_rng(0)
-    W = rng.standard_normal((6, 3))
-    ball = B_.from_params(None, 1.0, dim=3)
-    cv = cell_volumes(Decoder(W), ball, 2000, seed=0, method="rare-event", tokens=None,
-                      n_chains=64, progress=False)
-    r = B.cell_volume_rate(cv, 6, n_boot=10)
-    ref = B.cell_volume_rate_from_logs(cv.log_fractions, 6, log_lower=cv.log_lower,
-                                       log_upper=cv.log_upper, n_boot=10)
-    assert r.rate == ref.rate and r.rate_ci == ref.rate_ci and r.zero_fill == "none"
-    sec = B.bounds_report_section({"hidden_size": 3, "vocab_size": 6}, {}, rinf=1.0, fractions=cv,
-                                  out_dir=tmp_path)
-    assert sec["rate_lambda"] == B.cell_volume_rate(cv, n_boot=1).rate
-    assert "per-token Monte Carlo error" in sec["markdown"]
-    cu = cell_volumes(Decoder(W), ball, 2000, seed=0, method="uniform", progress=False)
-    assert B.cell_volume_rate(cu, 6).rate == B.cell_volume_rate(cu.fractions, 6, lower=cu.lower,
-                                                                  upper=cu.upper, n_samples=2000).rate
+    counts = np.asarray(counts, dtype=np.int64)
+    lo, hi = binomial_interval(counts, n_samples, confidence)
+    logs = {}
+    if log_shares is not None:
+        x = np.asarray(log_shares, dtype=np.float64)
+        logs = {"log_fractions": x, "log_lower": x - half_width,
+                "log_upper": np.minimum(x + half_width, 0.0),
+                "token_method": np.full(x.size, "rare-event"), "estimator": "rare-event"}
+    return CellVolumes(fractions=counts / n_samples, counts=counts, n_samples=n_samples, lower=lo,
+                       upper=hi, confidence=confidence, interval="clopper-pearson",
+                       support_log_volume=0.0, sampling="directions",
+                       seed=np.random.SeedSequence(0), seconds=0.0, **logs)
+
+
+def test_rare_event_cell_volumes_rate_by_hand_and_its_levels():
+    # two cells, shares 1/4 and 3/4, every token estimated (so the shares are renormalised;
+    # they already sum to 1). By hand, k = 1: the lower median of {1/4, 3/4} is 1/4, so
+    # y_1 = log 4; k = 2: the products sorted are 1/16, 3/16, 3/16, 9/16 and the lower median is
+    # 3/16, so y_2 = log(16/3); the slope through the two points is log(16/3) - log 4 = log(4/3).
+    cv = _cell_volumes_by_hand([25, 75], 100, np.log([0.25, 0.75]), confidence=0.5)
+    r = B.cell_volume_rate(cv, 2, n_boot=0)
+    assert r.estimator == "log-shares" and r.zero_fill == "none"
+    assert r.rate == pytest.approx(math.log(4 / 3), abs=1e-12)
+    assert r.log_median == pytest.approx([-math.log(4), -math.log(16 / 3)], abs=1e-12)
+    # bug 1: n_boot=0 means no bootstrap (it silently became 200)
+    assert r.rate_ci is None and r.rate_bootstrap is None and r.ci_level is None
+    # bug 1: the bootstrap level is the caller's (default 0.95), not the per-token level 0.5
+    rb = B.cell_volume_rate(cv, 2, n_boot=40, seed=3)
+    assert rb.ci_level == 0.95 and rb.rate_ci is not None
+    assert cv.cell_volume_rate(2, n_boot=40, seed=3, confidence=0.8).ci_level == 0.8
+    # ... and the per-token intervals are read at their own level, 0.5: se = 0.5 / z_0.75
+    ref = B.cell_volume_rate_from_logs(cv.log_fractions, 2, log_lower=cv.log_lower,
+                                       log_upper=cv.log_upper, n_boot=40, seed=3,
+                                       token_confidence=0.5)
+    wrong = B.cell_volume_rate_from_logs(cv.log_fractions, 2, log_lower=cv.log_lower,
+                                         log_upper=cv.log_upper, n_boot=40, seed=3,
+                                         token_confidence=0.95)
+    assert rb.rate_bootstrap == ref.rate_bootstrap != wrong.rate_bootstrap
+    # default n_boot of a rare-event CellVolumes: 200 replicates (its interval is part of it)
+    assert B.cell_volume_rate(cv, 2, seed=1).rate_ci is not None
+    with pytest.raises(ValueError, match="n_samples: not accepted"):
+        B.cell_volume_rate(cv, 2, n_samples=100)
+
+
+def test_uniform_cell_volumes_rate_by_hand():
+    # counts 5, 3, 2, 0 of 10: the zero is filled by its 95% Clopper-Pearson upper end
+    # u = 1 - 0.025^(1/10) = 0.30849..., the four shares divided by their sum 1 + u; k_max = 1:
+    # lambda = -log(lower median) = -log(sorted second share) = log((1 + u) / 0.3).
+    cu = _cell_volumes_by_hand([5, 3, 2, 0], 10)
+    u = 1 - 0.025 ** (1 / 10)
+    r = B.cell_volume_rate(cu, 1)
+    assert r.estimator == "uniform counts" and r.zero_fill == "upper" and r.n_zero == 1
+    assert r.rate == pytest.approx(math.log((1 + u) / 0.3), rel=1e-12)
+    assert r.unresolved_share == 0.25 and r.rate_bootstrap is None
+    assert cu.cell_volume_rate(1).rate == r.rate
+
+
+def test_bounds_section_takes_a_uniform_cell_volumes(tmp_path):
+    # bug 2: a uniform CellVolumes and no unresolved_share used to raise a TypeError at
+    # np.asarray(fractions) <= 0; the share now comes from the rate: 1 zero count of 4 tokens
+    from embgeom.report import bounds_report_section
+
+    d = 3
+    cu = _cell_volumes_by_hand([5, 3, 2, 0], 10)
+    sec = bounds_report_section({"hidden_size": d, "vocab_size": 4}, {}, rinf=1.0, fractions=cu,
+                                k_max=1, out_dir=tmp_path)
+    u = 1 - 0.025 ** (1 / 10)
+    lam = math.log((1 + u) / 0.3)
+    assert sec["unresolved_share"] == 0.25 and sec["lambda_usable"] is False
+    assert "25.0% of the cells are unresolved" in sec["lambda_note"]
+    assert sec["rate_lambda"] == pytest.approx(lam, rel=1e-12)
+    # the cube's closed form d log(1 + 2 r / eps) with eps = r 2^-11, refined by lambda
+    log_p = d * math.log(1 + 2 * 2**11)
+    assert sec["slope"]["cube"] == pytest.approx(log_p / math.log(4), rel=1e-12)
+    assert sec["slope_refined"]["cube"] == pytest.approx(log_p / lam, rel=1e-12)
+    rate = cu.cell_volume_rate(1)
+    assert sec["slope_refined_conservative"]["cube"] == pytest.approx(
+        log_p / rate.rate_conservative, rel=1e-12)
+    assert rate.rate_conservative < lam  # the upper interval ends give a smaller lambda
+
+
+def test_slope_bound_takes_a_cell_volume_rate():
+    ball = Ball.from_params(np.zeros(4), 2.0)
+    eps, V = 2.0**-11, 100
+    rate = B.cell_volume_rate(np.array([0.1, 0.2, 0.3, 0.4]), 2, upper=np.array([0.3, 0.4, 0.5, 0.6]))
+    log_p = B.log_packing_number(ball, eps)
+    assert B.slope_bound(ball, eps, V) == pytest.approx(log_p / math.log(V), rel=1e-12)
+    assert B.slope_bound(ball, eps, V, rate) == pytest.approx(log_p / rate.rate, rel=1e-12)
+    assert B.slope_bound(ball, eps, V, rate, conservative=True) == pytest.approx(
+        log_p / rate.rate_conservative, rel=1e-12)
+    assert rate.rate_conservative < rate.rate
+    assert B.slope_bound(ball, eps, V, 2.5) == pytest.approx(log_p / 2.5, rel=1e-12)
+    assert B.slope_from_log_packing(20.0, 100, 5.0) == 4.0
+    assert B.slope_from_log_packing(20.0, 100) == pytest.approx(20 / math.log(100), rel=1e-15)
+    with pytest.raises(ValueError, match="conservative: needs a CellVolumeRate"):
+        B.slope_bound(ball, eps, V, 2.5, conservative=True)
+    with pytest.raises(TypeError, match="conservative"):
+        B.slope_from_log_packing(20.0, 100, rate, conservative="yes")
+    with pytest.raises(ValueError, match="log_packing"):
+        B.slope_from_log_packing(-1.0, 100)
+    with pytest.raises(ValueError, match="rate"):
+        B.slope_from_log_packing(1.0, 100, 0.0)
 
 
 @pytest.mark.parametrize("kwargs,err", [

@@ -318,7 +318,7 @@ def test_cell_volumes_rare_event_matches_uniform_sampling(name):
     W = rng.standard_normal((10, 4)).astype(np.float32)
     support = _supports_for(4)[name]
     cv = cell_volumes(Decoder(W), support, 100_000, seed=2, progress=False, n_chains=256)
-    assert cv.extra["method"] == "rare-event"
+    assert cv.estimator == "rare-event"
     assert set(cv.token_method) <= {"rare-event", "empty"}
     hit = cv.counts > 300
     p = cv.fractions[hit]
@@ -350,7 +350,7 @@ def test_cell_volumes_token_sample_and_fallback():
     # a box: cells are not cones through its centre -> uniform only, said so
     box = Box.from_params(-np.ones(5), np.ones(5))
     cvb = cell_volumes(dec, box, 2000, seed=0, progress=False)
-    assert cvb.extra["method"] == "uniform" and "not applicable" in cvb.extra["rare_event"]
+    assert cvb.estimator == "uniform" and "not applicable" in cvb.extra["rare_event"]
     assert np.all(cvb.token_method == "uniform")
     assert np.array_equal(np.isnan(cvb.log_fractions), cvb.counts == 0)
     with pytest.raises(ValueError, match="method"):

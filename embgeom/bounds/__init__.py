@@ -12,7 +12,7 @@ One concept per module:
 - ``_precision.py``: :func:`precision_eps`, :data:`FORMAT_BITS`.
 - ``_packing.py``: :func:`packing_bound_terms`, :func:`log_packing_number` (the shapes compute
   their own terms: ``Support.packing_bound_terms``), :func:`accessible_log_count`,
-  :func:`slope_bound`, :func:`theorem45_log_count`.
+  :func:`slope_bound`, :func:`slope_from_log_packing`, :func:`theorem45_log_count`.
 - ``_linear_law.py``: :func:`linear_law_slope`, :func:`n_star`, :func:`accessible_fraction_bound`.
 - ``_rate.py``: :class:`CellVolumeRate`, :func:`cell_volume_rate`, :func:`cell_volume_rate_from_logs`.
 - ``_unbounded.py``: :func:`log_multiset_count`, :func:`threshold_length_unbounded` (Cor. 4.10).
@@ -41,6 +41,7 @@ from ._packing import (
     log_packing_number,
     packing_bound_terms,
     slope_bound,
+    slope_from_log_packing,
     theorem45_log_count,
 )
 from ._precision import FORMAT_BITS, precision_eps
@@ -56,6 +57,7 @@ __all__ = [
     "packing_bound_terms",
     "accessible_log_count",
     "slope_bound",
+    "slope_from_log_packing",
     "theorem45_log_count",
     "linear_law_slope",
     "n_star",

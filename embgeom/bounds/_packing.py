@@ -31,10 +31,11 @@ import numpy as np
 
 from .._special import log1p_ratio
 from .._validation import check_positive, check_positive_int
-from ._checks import _check_eps, _check_rate, _check_vocab
+from ._checks import _check_eps, _check_log_packing, _check_rate, _check_vocab
+from ._rate import CellVolumeRate
 
 __all__ = ["packing_bound_terms", "log_packing_number", "accessible_log_count", "slope_bound",
-           "theorem45_log_count"]
+           "slope_from_log_packing", "theorem45_log_count"]
 
 
 def packing_bound_terms(support, eps) -> dict:
@@ -186,7 +187,8 @@ def accessible_log_count(support, eps, m, *, variant: str = "rigorous") -> float
     return m * log_packing_number(support, eps, variant=variant)
 
 
-def slope_bound(support, eps, vocab_size, rate=None, *, variant: str = "rigorous") -> float:
+def slope_bound(support, eps, vocab_size, rate=None, *, variant: str = "rigorous",
+                conservative: bool = False) -> float:
     """Cor. 4.6: the slope ``C = log P(S, eps) / log|V|`` of the linear law ``n* = C m``.
 
     Parameters
@@ -196,10 +198,15 @@ def slope_bound(support, eps, vocab_size, rate=None, *, variant: str = "rigorous
         > 0.
     vocab_size : int
         ``|V|``, >= 2.
-    rate : float, optional
-        Nats per token replacing ``log|V|`` (the non-uniform-cell refinement: pass
-        :func:`cell_volume_rate`'s ``rate``; then ``C_refined = C log|V| / lambda``).
+    rate : float or CellVolumeRate, optional
+        Nats per token replacing ``log|V|`` (the non-uniform-cell refinement: ``C_refined = C
+        log|V| / lambda``): a number, or the :class:`~embgeom.bounds.CellVolumeRate` of
+        :func:`cell_volume_rate` (its ``rate``, or ``rate_conservative`` with
+        ``conservative=True``).
     variant : {"rigorous", "paper"}
+    conservative : bool, default False
+        With a ``CellVolumeRate``: divide by its ``rate_conservative`` (the smallest lambda its
+        intervals allow: the largest, safest refined slope).
 
     Returns
     -------
@@ -209,7 +216,8 @@ def slope_bound(support, eps, vocab_size, rate=None, *, variant: str = "rigorous
     Raises
     ------
     TypeError, ValueError
-        Bad support, ``eps <= 0``, ``vocab_size < 2``, ``rate <= 0``.
+        Bad support, ``eps <= 0``, ``vocab_size < 2``, ``rate <= 0`` or not finite,
+        ``conservative=True`` without a ``CellVolumeRate``.
 
     Notes
     -----
@@ -218,8 +226,61 @@ def slope_bound(support, eps, vocab_size, rate=None, *, variant: str = "rigorous
     *typical* (median) sequences, not a counting bound (``docs/theory.md``).
     """
     V = _check_vocab(vocab_size)
-    lam = _check_rate(rate, V)
+    lam = _rate_value(rate, V, conservative)
     return log_packing_number(support, eps, variant=variant) / lam
+
+
+def slope_from_log_packing(log_packing, vocab_size, rate=None, *, conservative: bool = False) -> float:
+    """The slope ``C = log P / lambda`` from a log packing number already computed.
+
+    :func:`slope_bound` without the packing number: for a ``log P`` from
+    :func:`log_packing_number` or :func:`theorem45_log_count` (the cube's closed form), so that a
+    caller holding several of them (the report) divides in one place.
+
+    Parameters
+    ----------
+    log_packing : float
+        ``log P(S, eps)`` in nats, finite and >= 0.
+    vocab_size : int
+        ``|V|``, >= 2.
+    rate : float or CellVolumeRate, optional
+        As in :func:`slope_bound`; default ``log|V|``.
+    conservative : bool, default False
+        As in :func:`slope_bound`.
+
+    Returns
+    -------
+    float
+        Tokens per prompt vector.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``log_packing`` not a finite number >= 0, ``vocab_size < 2``, ``rate <= 0`` or not
+        finite, ``conservative=True`` without a ``CellVolumeRate``.
+
+    Examples
+    --------
+    >>> round(slope_from_log_packing(20.0, 100, 5.0), 12)
+    4.0
+    """
+    V = _check_vocab(vocab_size)
+    return _check_log_packing(log_packing) / _rate_value(rate, V, conservative)
+
+
+def _rate_value(rate, V: int, conservative: bool) -> float:
+    """lambda (nats per token) from ``None`` (``log|V|``), a number or a CellVolumeRate."""
+    if not isinstance(conservative, bool):
+        raise TypeError(f"conservative: expected a bool, got {type(conservative).__name__}")
+    if isinstance(rate, CellVolumeRate):
+        lam = rate.rate_conservative if conservative else rate.rate
+        if not math.isfinite(lam):
+            which = "rate_conservative" if conservative else "rate"
+            raise ValueError(f"rate: the CellVolumeRate's {which} is {lam}, no finite slope")
+        return _check_rate(lam, V)
+    if conservative:
+        raise ValueError("conservative: needs a CellVolumeRate (a number has no conservative end)")
+    return _check_rate(rate, V)
 
 
 def theorem45_log_count(d, m, r, eps) -> float:

@@ -19,6 +19,12 @@ class CellVolumeRate:
 
     Attributes
     ----------
+    estimator : {"uniform counts", "log-shares"}
+        Which estimator produced it: :func:`cell_volume_rate` from uniform Monte Carlo
+        fractions (zero fractions filled, ``zero_fill``; ``rate_interval`` and, with a bootstrap,
+        ``rate_bootstrap``) or :func:`cell_volume_rate_from_logs` from per-token log-shares (no
+        fill; ``rate_ci`` with ``ci_level`` when bootstrapped). Consumers read this field
+        instead of guessing from the others.
     rate : float
         ``lambda``: least-squares slope (with intercept) of ``-log median_k`` against ``k``.
     intercept : float
@@ -73,6 +79,7 @@ class CellVolumeRate:
         it excludes 0 the per-token estimates are off as a whole (or the sample is unlucky).
     """
 
+    estimator: str
     rate: float
     intercept: float
     r2: float
@@ -114,6 +121,18 @@ class CellVolumeRate:
             vals.append(self.rate_ci[0])
         return float(min(vals))
 
+    @property
+    def unresolved_share(self) -> float:
+        """Share of the tokens behind the estimate that have no resolved share, in [0, 1].
+
+        ``"log-shares"``: ``n_unresolved / n_tokens_used`` (the sampled tokens whose estimator
+        gave up; their upper ends stand in). ``"uniform counts"``: ``n_zero / vocab_size`` (the
+        tokens without a hit; filled by ``zero_fill``).
+        """
+        if self.estimator == "log-shares":
+            return self.n_unresolved / self.n_tokens_used
+        return self.n_zero / self.vocab_size
+
     def to_dict(self) -> dict:
         """A JSON-able dict (arrays as lists; infinities as the strings ``"inf"``/``"-inf"``)."""
 
@@ -133,6 +152,7 @@ class CellVolumeRate:
 
         out = {k: conv(v) for k, v in asdict(self).items()}
         out["rate_conservative"] = conv(self.rate_conservative)
+        out["unresolved_share"] = conv(self.unresolved_share)
         return out
 
 
@@ -269,9 +289,9 @@ def _fill_zeros(f: np.ndarray, upper, n_samples) -> tuple[np.ndarray, str, int]:
 
 
 def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, lower=None,
-                     upper=None, n_samples=None, n_boot: int = 0, seed=0,
+                     upper=None, n_samples=None, n_boot: int | None = None, seed=0,
                      exact_limit: int = 2**20, sum_tol: float = 1e-6,
-                     normalize: bool = True) -> CellVolumeRate:
+                     normalize: bool | None = None) -> CellVolumeRate:
     """The non-uniform-cell rate ``lambda`` (nats per token).
 
     Draw ``k`` tokens uniformly from the vocabulary and multiply their cell-volume fractions;
@@ -282,11 +302,12 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     ----------
     fractions : array_like of float, shape (|V|,), or embgeom.volumes.CellVolumes
         Cell-volume fractions (e.g. ``embgeom.volumes.CellVolumes.fractions``), >= 0, summing to
-        1 within ``sum_tol``. A ``CellVolumes`` with rare-event log-shares
-        (``token_method`` "rare-event"/"empty" for some tokens) is passed on to
-        :func:`cell_volume_rate_from_logs` (its ``log_fractions``/``log_lower``/``log_upper``;
-        ``n_boot`` 0 becomes 200 there, the interval is part of that estimate); one with uniform
-        counts only gives its ``fractions``, ``lower``, ``upper`` and ``n_samples`` here.
+        1 within ``sum_tol``. A result object with a ``cell_volume_rate`` method (a
+        :class:`~embgeom.volumes.CellVolumes`) answers for itself: this function returns
+        ``fractions.cell_volume_rate(k_max, n_boot=..., seed=..., ...)``, which knows its
+        estimator (rare-event log-shares go to :func:`cell_volume_rate_from_logs`, uniform counts
+        come back here with their intervals and sample count); ``lower``, ``upper`` and
+        ``n_samples`` must then be left out (they are the object's own).
     k_max : int, default 32
         Largest number of tokens ``k``; the fit uses ``k = 1..k_max``.
     max_support : int, default 4096
@@ -298,19 +319,22 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     n_samples : int, optional
         Monte Carlo sample count behind ``fractions``: zero fractions are replaced by ``3 /
         n_samples`` when ``upper`` is not given, and it enables the bootstrap.
-    n_boot : int, default 0
+    n_boot : int, optional
         Parametric bootstrap replicates (counts ~ Multinomial(n_samples, fractions)); needs
-        ``n_samples``.
+        ``n_samples``. ``None``: 0 (no bootstrap) for fractions; for a ``CellVolumes``, its
+        estimator's default (see :meth:`~embgeom.volumes.CellVolumes.cell_volume_rate`). An
+        explicit 0 always means no bootstrap.
     seed : int, Generator or None, default 0
         Seed of the bootstrap.
     exact_limit : int, default 2**20
         Enumerate all ``|V|^k`` products exactly while ``|V|^k <= exact_limit``.
     sum_tol : float, default 1e-6
         Tolerance on ``sum(fractions) = 1``.
-    normalize : bool, default True
+    normalize : bool, optional
         Divide the fractions by their sum after the zero fill (and each interval end and
         bootstrap replicate by its own), so that lambda comes from a proper distribution; the
-        sum before is ``exp(log_total)``.
+        sum before is ``exp(log_total)``. ``None``: True for fractions; for a ``CellVolumes``,
+        its estimator's default.
 
     Returns
     -------
@@ -321,7 +345,8 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     TypeError, ValueError
         Not a 1-D float array, NaN/inf, negative entries, fewer than 2 tokens, a sum away from
         1, ``k_max < 1``, ``max_support < 2``, mismatched ``lower``/``upper`` shapes,
-        ``n_boot > 0`` without ``n_samples``.
+        ``n_boot > 0`` without ``n_samples``; ``lower``, ``upper`` or ``n_samples`` given with a
+        ``CellVolumes``.
 
     Notes
     -----
@@ -365,17 +390,17 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     The refinement is the paper's heuristic for typical (median) sequences; it is not a counting
     bound (``docs/theory.md``).
     """
-    if hasattr(fractions, "log_fractions") and hasattr(fractions, "counts"):  # a CellVolumes
-        cv = fractions
-        method = np.asarray(cv.token_method) if cv.token_method is not None else np.array([])
-        if np.isin(method, ("rare-event", "empty")).any():
-            ids = np.flatnonzero(np.isin(method, ("rare-event", "empty")))
-            return cell_volume_rate_from_logs(
-                cv.log_fractions[ids], k_max, log_lower=cv.log_lower[ids],
-                log_upper=cv.log_upper[ids], vocab_size=cv.counts.size, max_support=max_support,
-                n_boot=n_boot or 200, confidence=cv.confidence, seed=seed, exact_limit=exact_limit)
-        fractions, lower, upper = cv.fractions, cv.lower, cv.upper
-        n_samples = cv.n_samples if n_samples is None else n_samples
+    if callable(getattr(type(fractions), "cell_volume_rate", None)):  # a result that answers
+        given = [n for n, v in (("lower", lower), ("upper", upper), ("n_samples", n_samples))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not accepted with a {type(fractions).__name__}, "
+                             "which carries its own intervals and sample count")
+        return fractions.cell_volume_rate(k_max, n_boot=n_boot, seed=seed, max_support=max_support,
+                                          exact_limit=exact_limit, sum_tol=sum_tol,
+                                          normalize=normalize)
+    n_boot = 0 if n_boot is None else n_boot
+    normalize = True if normalize is None else normalize
     f = _check_fractions(fractions, "fractions", sum_tol)
     k_max = check_positive_int(k_max, "k_max")
     max_support = check_positive_int(max_support, "max_support", minimum=2)
@@ -429,6 +454,7 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     with np.errstate(divide="ignore"):
         asym = float(-np.mean(np.log(g / g.sum() if normalize else g)))
     return CellVolumeRate(
+        estimator="uniform counts",
         rate=slope, intercept=icpt, r2=r2, rate_origin=s0, r2_origin=r20, k=ks.astype(np.int64),
         log_median=point, log_median_low=low, log_median_high=high, rate_bracket=bracket,
         rate_interval=interval, rate_bootstrap=boot, rate_asymptotic=asym,
@@ -652,6 +678,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     with np.errstate(invalid="ignore"):
         asym = float(-np.mean(xn))
     return CellVolumeRate(
+        estimator="log-shares",
         rate=slope, intercept=icpt, r2=r2, rate_origin=s0, r2_origin=r20, k=ks.astype(np.int64),
         log_median=point, log_median_low=low, log_median_high=high, rate_bracket=bracket,
         rate_interval=None, rate_bootstrap=boot, rate_asymptotic=asym, log_vocab=math.log(V),

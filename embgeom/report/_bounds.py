@@ -14,6 +14,7 @@ from ..bounds import (
     n_star,
     packing_bound_terms,
     precision_eps,
+    slope_from_log_packing,
     theorem45_log_count,
     threshold_length_unbounded,
 )
@@ -61,11 +62,12 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         ``"cube"`` entry, the cube ``[-rinf, rinf]^d`` (Theorem 4.5's closed form).
     fractions, lower, upper : array_like of float, shape (|V|,), optional
         Cell shares and their interval ends; give lambda (:func:`embgeom.bounds.cell_volume_rate`)
-        and the refined slopes ``C log|V| / lambda``. ``fractions`` may be an
-        :class:`embgeom.volumes.CellVolumes`: with rare-event log-shares lambda comes from them
-        (:func:`embgeom.bounds.cell_volume_rate_from_logs`, with its bootstrap interval; then
-        ``unresolved_share`` is the share of the *sampled* tokens the estimator left
-        unresolved), else from its uniform fractions and intervals.
+        and the refined slopes ``C log|V| / lambda``
+        (:func:`embgeom.bounds.slope_from_log_packing`). ``fractions`` may be an
+        :class:`embgeom.volumes.CellVolumes` (then without ``lower``, ``upper``, ``n_samples``):
+        it answers with its own estimator (:meth:`~embgeom.volumes.CellVolumes.cell_volume_rate`);
+        with rare-event log-shares lambda has a bootstrap interval and ``unresolved_share`` is
+        the share of the *sampled* tokens the estimator left unresolved.
     published_c_emp : float, optional
         A published empirical slope (tokens per prompt vector); ``c_emp`` wins when both given.
     out_dir : str or Path
@@ -74,7 +76,7 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         The model's compute dtype, for the second precision.
     k_max : int, default 32
     n_samples : int, optional
-        Passed to :func:`~embgeom.bounds.cell_volume_rate`.
+        Passed to :func:`~embgeom.bounds.cell_volume_rate` with array ``fractions``.
     m_values : sequence of int
         The ``m`` of the ``n_star`` table.
     valid : collection of str, optional
@@ -84,8 +86,9 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         A cramming measurement (:func:`embgeom.report.read_cram_summary`): ``c_emp``,
         ``c_emp_lower``, ``c_emp_upper``, ``n50``, ``source``.
     unresolved_share : float in [0, 1], optional
-        Share of cells without a resolved share (default: the share of zero ``fractions``);
-        lambda is *usable* when it is at most :data:`LAMBDA_MAX_UNRESOLVED`.
+        Share of cells without a resolved share (default: the rate's own,
+        :attr:`embgeom.bounds.CellVolumeRate.unresolved_share`: the share of zero fractions for
+        uniform counts); lambda is *usable* when it is at most :data:`LAMBDA_MAX_UNRESOLVED`.
     reasons : dict[str, str], optional
         Why a support is not valid (a footnote of the table).
 
@@ -134,21 +137,21 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     if fractions is not None:
         rate = cell_volume_rate(fractions, k_max, lower=lower, upper=upper, n_samples=n_samples)
         lam = rate.rate if np.isfinite(rate.rate) else None
-        if rate.rate_ci is not None and rate.zero_fill == "none":
-            # lambda from log-shares (a token sample): what sets it is the share of the sampled
+        if rate.estimator == "log-shares" or unresolved_share is None:
+            # from log-shares (a token sample) what sets lambda is the share of the sampled
             # tokens without a figure, not of the tokens outside the sample
-            unresolved_share = rate.n_unresolved / rate.n_tokens_used
-        elif unresolved_share is None:
-            unresolved_share = float(np.mean(np.asarray(fractions) <= 0))
+            unresolved_share = rate.unresolved_share
     usable, note = _lambda_usable(lam, unresolved_share)
     c = _c_emp(c_emp, published_c_emp)
-    slope = {k: v / logV for k, v in lp_paper.items()}
-    slope_dtype = {k: v / logV for k, v in lp_dtype.items()}
-    slope_formula = {k: v / logV for k, v in lp_formula.items()}
-    slope_ref = {k: (v / lam if lam else None) for k, v in lp_paper.items()}
+    slope = {k: slope_from_log_packing(v, V) for k, v in lp_paper.items()}
+    slope_dtype = {k: slope_from_log_packing(v, V) for k, v in lp_dtype.items()}
+    slope_formula = {k: slope_from_log_packing(v, V) for k, v in lp_formula.items()}
+    slope_ref = {k: (slope_from_log_packing(v, V, rate) if lam else None)
+                 for k, v in lp_paper.items()}
     slope_ref_cons = {}
     if rate is not None and np.isfinite(rate.rate_conservative):
-        slope_ref_cons = {k: v / rate.rate_conservative for k, v in lp_paper.items()}
+        slope_ref_cons = {k: slope_from_log_packing(v, V, rate, conservative=True)
+                          for k, v in lp_paper.items()}
     ce = c["c_emp"]
     ratio = {k: (v / ce if ce else None) for k, v in slope.items()}
     ratio_ref = {k: (v / ce if (ce and v) else None) for k, v in slope_ref.items()}

@@ -343,7 +343,7 @@ def _bounds_phase(loaded, u, model_facts, fitted, geo, sup_section, cells_sectio
     return bounds_report_section(
         model_facts, fitted, rinf=geo["rinf_max"], fractions=cv,
         published_c_emp=published.get("c_emp"), out_dir=out, dtype=u.dtype,
-        n_samples=cv.n_samples, valid=valid, c_emp=cram,
+        valid=valid, c_emp=cram,
         unresolved_share=cells_section["unresolved_share"], reasons=reasons)
 
 

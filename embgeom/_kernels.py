@@ -22,19 +22,16 @@ reference it is tested against.
 
 All kernels are compiled with ``nogil=True`` and run serially: the matrix product that feeds them
 already uses every core through BLAS, and these kernels cost a few percent of it (see
-``benchmarks/bench_cell_volumes.py``). They are compiled with numba's on-disk cache
-(``cache=True``) when numba finds a writable cache location (``NUMBA_CACHE_DIR``, the package's
-``__pycache__`` or the user cache folder); where none is writable (a read-only install without a
-home folder) they are compiled in memory at import instead, with one ``RuntimeWarning``, and
-everything works as before, only each import compiles again (a few seconds).
+``benchmarks/bench_cell_volumes.py``). They are compiled by :func:`embgeom._numba.njit`,
+the package's one compile policy: numba's on-disk cache where a cache location is writable,
+compiled in memory (one ``RuntimeWarning``) where none is.
 """
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-from numba import njit
+
+from ._numba import njit
 
 __all__ = [
     "argmax_fold",
@@ -43,34 +40,6 @@ __all__ = [
     "count_tokens",
     "topk_competitors",
 ]
-
-_CACHE_WARNED = False
-
-
-def _njit(signature, **options):
-    """``numba.njit(signature, cache=True, **options)``, or without the cache when numba has
-    no writable cache location ("cannot cache function ...: no locator available")."""
-
-    def decorate(func):
-        global _CACHE_WARNED
-        try:
-            return njit(signature, cache=True, **options)(func)
-        except RuntimeError as exc:
-            if "cannot cache" not in str(exc):
-                raise
-            if not _CACHE_WARNED:
-                _CACHE_WARNED = True
-                warnings.warn(
-                    f"embgeom: numba found no writable cache location ({exc}); the kernels are "
-                    "compiled without an on-disk cache, so each import compiles them again. Set "
-                    "NUMBA_CACHE_DIR to a writable folder to cache them.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            return njit(signature, cache=False, **options)(func)
-
-    return decorate
-
 
 # fastmath only for the max-reduction loop (nnan/ninf are guaranteed: inputs are validated
 # finite and the callers check the running best for overflow); comparisons stay exact.
@@ -114,7 +83,7 @@ def argmax_fold(logits, bias, offset, best_val, best_idx, add_bias: bool = True)
     return bad
 
 
-@_njit(
+@njit(
     "void(float32[:, ::1], float32[::1], int64, float32[::1], int64[::1])",
     nogil=True,
     fastmath=_FM,
@@ -153,7 +122,7 @@ def running_argmax_update(logits, bias, offset, best_val, best_idx):
             best_val[i] = m
 
 
-@_njit(
+@njit(
     "void(float32[:, ::1], float32[::1], int64, float32[::1], int64[::1], float32[::1], int64[::1])",
     nogil=True,
     fastmath=_FM,
@@ -203,7 +172,7 @@ def running_top2_update(logits, bias, offset, best_val, best_idx, second_val, se
         second_idx[i] = i2
 
 
-@_njit("int64[::1](int64[::1], int64)", nogil=True)
+@njit("int64[::1](int64[::1], int64)", nogil=True)
 def count_tokens(idx, n_tokens):
     """Histogram of token ids: ``counts[t] = #{i : idx[i] == t}`` for ``t < n_tokens``.
 
@@ -221,7 +190,7 @@ def count_tokens(idx, n_tokens):
     return counts
 
 
-@_njit("int64[:, ::1](float64[:, ::1], int64[::1], int64)", nogil=True)
+@njit("int64[:, ::1](float64[:, ::1], int64[::1], int64)", nogil=True)
 def topk_competitors(scores, own, k):
     """The ``k`` largest entries of each row of ``scores``, excluding column ``own[i]``.
 

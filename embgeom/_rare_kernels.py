@@ -23,15 +23,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from ._numba import njit
 
 __all__ = ["ess_angles", "fold_smallest_margins", "hmc_trajectories"]
 
 _TWO_PI = 2.0 * math.pi
 
 
-@njit("float64[::1](float64[:, ::1], float64[:, ::1], float64[::1], float64[::1])", cache=True,
-      nogil=True)
+@njit("float64[::1](float64[:, ::1], float64[:, ::1], float64[::1], float64[::1])", nogil=True)
 def ess_angles(P, Q, shift, u):
     """One exact elliptical-slice angle per chain under linear constraints.
 
@@ -119,7 +119,7 @@ def ess_angles(P, Q, shift, u):
 
 
 @njit("void(float32[:, ::1], float32[::1], float64[::1], int64, float64[:, ::1], int64[:, ::1])",
-      cache=True, nogil=True)
+      nogil=True)
 def fold_smallest_margins(Z, zt, inv_norm, offset, best_val, best_idx):
     """Fold one logits block into the ``k`` smallest normalised margins of each point.
 
@@ -166,7 +166,7 @@ def fold_smallest_margins(Z, zt, inv_norm, offset, best_val, best_idx):
 
 
 @njit("int64[::1](float64[:, ::1], float64[:, ::1], float64[:, ::1], float64[:, ::1], "
-      "float64[:, ::1], float64[:, :], float64[::1], float64, int64)", cache=True, nogil=True)
+      "float64[:, ::1], float64[:, :], float64[::1], float64, int64)", nogil=True)
 def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
     """Exact Hamiltonian trajectories of ``N(0, I)`` restricted to a polyhedron, with reflections.
 

@@ -1,4 +1,4 @@
-"""``import embgeom`` where numba has no writable cache location.
+"""``import embgeom`` (every module of it) where numba has no writable cache location.
 
 numba's ``cache=True`` raises "cannot cache function ...: no locator available" at decoration
 time when none of its cache locations can be written: ``NUMBA_CACHE_DIR``, the ``__pycache__``
@@ -6,7 +6,8 @@ folder next to the source, the user cache folder (``$XDG_CACHE_HOME/numba``). A 
 install on a machine without a writable home is such a place. The tests copy the package to a
 temporary folder and block every location with a regular file where numba needs a folder
 (the tests may run as root, for whom read-only permissions block nothing), then import the copy
-in a fresh interpreter and use a kernel.
+in a fresh interpreter, import every module of it and use kernels of both kernel modules
+(one compile policy, :mod:`embgeom._numba`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ want = (H.astype(np.float64) @ W.T.astype(np.float64)).argmax(1)
 assert np.array_equal(np.asarray(got), want), "wrong argmax"
 counts = _kernels.count_tokens(np.asarray(want, dtype=np.int64), 50)
 assert counts.sum() == 200 and np.array_equal(counts, np.bincount(want, minlength=50))
+# every module of the package imports (the rare-event kernels crashed the import of
+# embgeom.volumes here while they had a compile policy of their own)
+import importlib, pkgutil
+names = [m.name for m in pkgutil.walk_packages(embgeom.__path__, "embgeom.")
+         if m.name != "embgeom.__main__"]  # __main__ runs the command line
+for name in names:
+    importlib.import_module(name)
+assert {{"embgeom.volumes", "embgeom._rare_kernels", "embgeom._kernels"}} <= set(names)
+from embgeom._rare_event import log_cone_gaussian_measure
+W0 = np.vstack([np.zeros(3), -np.eye(3)])  # token 0's cell: the positive orthant, share 1/8
+r = log_cone_gaussian_measure(W0, [0], n_chains=64, seed=1)
+assert abs(r.log_share[0] - 3 * np.log(0.5)) < 1.0, r.log_share
+print(f"imported {{len(names)}} modules")
 print("OK")
 """
 
@@ -87,11 +101,20 @@ def test_writable_cache_location_is_used_without_warning(tmp_path):
 
 
 def test_other_numba_errors_are_not_swallowed(monkeypatch):
-    from embgeom import _kernels
+    from embgeom import _numba
 
     def broken(*args, **kwargs):
         raise RuntimeError("some other numba failure")
 
-    monkeypatch.setattr(_kernels, "njit", broken)
+    monkeypatch.setattr(_numba.numba, "njit", broken)
     with pytest.raises(RuntimeError, match="some other numba failure"):
-        _kernels._njit("int64(int64)")(lambda x: x)
+        _numba.njit("int64(int64)")(lambda x: x)
+
+
+def test_one_compile_policy():
+    # both kernel modules decorate with embgeom._numba.njit, which sets the cache itself
+    from embgeom import _kernels, _numba, _rare_kernels
+
+    assert _kernels.njit is _numba.njit and _rare_kernels.njit is _numba.njit
+    with pytest.raises(TypeError, match="cache"):
+        _numba.njit("int64(int64)", cache=False)

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _rare_kernels
+from .cells._region import cone_is_empty
 from ._threads import single_blas_thread
 from ._validation import check_array, check_positive_int, check_probability
 
@@ -229,26 +230,6 @@ def _stalled(gammas: list) -> bool:
     if len(gammas) < 4 or min(gammas[-4:]) <= 0.0:
         return False
     return gammas[-4] >= gammas[-1] >= 0.9 * gammas[-4]
-
-
-def _cone_is_empty(A: np.ndarray, tol: float = 1e-9) -> bool:
-    """Whether the cone ``{x : A x >= 0}`` has an empty interior (one LP, HiGHS).
-
-    Solves ``max tau`` subject to ``A x >= tau`` (unit rows), ``-1 <= x_i <= 1``, ``tau <= 1``;
-    the interior is empty iff ``tau* <= 0`` (``tol`` for round-off). The cone of a subset of the
-    constraints contains the cell, so an empty subset cone proves the cell empty.
-    """
-    from scipy.optimize import linprog
-
-    M, k = A.shape
-    if M == 0:
-        return False
-    cost = np.zeros(k + 1)
-    cost[-1] = -1.0
-    A_ub = np.hstack([-A, np.ones((M, 1))])
-    bounds = [(-1.0, 1.0)] * k + [(None, 1.0)]
-    res = linprog(cost, A_ub=A_ub, b_ub=np.zeros(M), bounds=bounds, method="highs")
-    return bool(res.status == 0 and -res.fun <= tol)
 
 
 class _Constraints:
@@ -469,7 +450,7 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
             break
         L = len(counts)
         if L >= next_lp or (L >= 8 and _stalled(gammas)):
-            if _cone_is_empty(cs.A):
+            if cone_is_empty(cs.A):
                 return -np.inf, 0.0, "empty", L, cs.M, n_checked, 0.0
             next_lp = 2 * max(L, next_lp // 2)
             gammas.clear()

@@ -244,8 +244,8 @@ def test_unargmaxable_equals_hull_vertices(d):
 
 def test_cutting_plane_lp_alone_matches_hull():
     # the LP path on its own, started from a single constraint so the cutting planes must work
-    from embgeom._unargmaxable import _lp_token
-    from embgeom.cells import _region
+    from embgeom.cells._region import _region
+    from embgeom.cells._scan import _lp_token
 
     W = planted(4, 60, seed=11)[np.r_[0:9, 10:60]]  # drop the duplicate
     W64 = W.astype(np.float64)

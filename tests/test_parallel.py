@@ -101,7 +101,7 @@ def test_task_seed_of_a_str_key_is_the_same_in_another_process():
 
 def test_import_embgeom_stays_ray_free():
     code = (
-        "import sys, embgeom, embgeom.parallel, embgeom._unargmaxable, embgeom.volumes\n"
+        "import sys, embgeom, embgeom.parallel, embgeom.cells._scan, embgeom.volumes\n"
         "from embgeom.parallel import get_executor\n"
         "ex = get_executor('ray', ray_address='auto')\n"  # constructing does not import Ray
         "print('ray' in sys.modules)\n"

@@ -47,7 +47,7 @@ def _cross_polytope(d):
 
 GEOMETRY = [*sorted((ROOT / "embgeom" / "supports").glob("*.py")),
             *sorted((ROOT / "embgeom" / "bounds").glob("*.py")),
-            ROOT / "embgeom" / "cells.py", ROOT / "embgeom" / "volumes.py"]
+            *sorted((ROOT / "embgeom" / "cells").glob("*.py")), ROOT / "embgeom" / "volumes.py"]
 
 
 @pytest.mark.parametrize("path", GEOMETRY, ids=lambda p: str(p.relative_to(ROOT)))

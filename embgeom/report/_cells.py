@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._unargmaxable import _unique_rows
-from ..cells import Decoder
+from ..cells import Decoder, distinct_rows
 from ..volumes import cell_volumes
 from . import figures
 from ._markdown import fmt, md_table
@@ -38,7 +37,7 @@ def duplicate_rows(decoder: Decoder, tokenizer=None, limit: int = 50) -> dict:
     """
     W = np.asarray(decoder.W_, dtype=np.float32)
     b = None if decoder.bias_ is None else np.asarray(decoder.bias_, dtype=np.float32)
-    _, rep = _unique_rows(W, b)
+    _, rep = distinct_rows(W, b)
     dup = np.flatnonzero(rep != np.arange(rep.size))
     pairs = [{"token_id": int(t), "same_row_as": int(rep[t])} for t in dup[:limit]]
     if pairs and tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens"):

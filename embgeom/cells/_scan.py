@@ -1,7 +1,7 @@
 """The exact unargmaxable scan of :meth:`embgeom.cells.Decoder.unargmaxable`, in named phases.
 
 1. :func:`prepare` (once, on the driver): the distinct rows ``(w_t, b_t)`` and each token's
-   representative, the region where ``h`` may lie (:func:`embgeom.cells._region`), the fast
+   representative, the region where ``h`` may lie (:func:`embgeom.cells._region._region`), the fast
    float32 decoder over the distinct rows, the whitening ``(mu, Cinv)`` of the witness
    directions and the rounding-error constants. About ``|V| d^2`` flops; its result
    (:class:`ScanSetup`) is what every task reads, shipped once (``ray.put``).
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _kernels
-from ._validation import check_positive_int
-from .cells import (_UNIT_ROUNDOFF32, STATUS_NAMES, Decoder, UnargmaxableResult, _check_bias_at_scale,
-                    _gamma, _Region, _region)
+from .. import _kernels
+from .._validation import check_positive_int
+from ._region import _check_bias_at_scale, _region, _Region, max_margin_lp
+from ._rows import _UNIT_ROUNDOFF32, STATUS_NAMES, UnargmaxableResult, _gamma, distinct_rows
 
 __all__ = ["ScanSetup", "prepare", "select_tokens", "witness_phase", "lp_phase", "scan"]
 
@@ -45,19 +45,7 @@ CHUNK_SIZE = 2048
 _STATUS = {name: np.int8(i) for i, name in enumerate(STATUS_NAMES)}
 
 
-def _unique_rows(W32: np.ndarray, b32: np.ndarray | None):
-    """Ids of the first occurrence of each distinct row ``(w_t, b_t)`` (sorted) and, per token, its representative."""
-    key = W32 + np.float32(0.0)  # -0.0 -> +0.0
-    if b32 is not None:
-        key = np.hstack([key, (b32 + np.float32(0.0))[:, None]])
-    key = np.ascontiguousarray(key)
-    void = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
-    _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
-    rep = first[inverse.ravel()].astype(np.int64)
-    return np.sort(first).astype(np.int64), rep
-
-
-def _witness_pass(dec_u: Decoder, Y: np.ndarray, ts: np.ndarray, region: _Region, bias_max: float, row_max: float):
+def _witness_pass(dec_u, Y: np.ndarray, ts: np.ndarray, region: _Region, bias_max: float, row_max: float):
     """Check candidate points (region coordinates) for a batch; returns (ok, best_idx, second_idx)."""
     H = Y if region.R is None else Y @ region.R
     H32 = H.astype(np.float32)
@@ -84,45 +72,38 @@ def _box_points(D: np.ndarray, region: _Region, corner: bool) -> np.ndarray:
 
 
 def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: float, k_add: int):
-    """Cutting-plane LP for token ``t`` (an index into ``region.Wr``). Returns (status, y, n_iter)."""
-    from scipy.optimize import linprog
-
+    """Cutting-plane LP for token ``t`` (an index into ``region.Wr``), over :func:`max_margin_lp`:
+    ``maximise s subject to (w_s - w_t) . y [+ (c_s - c_t) tau] + s <= [c_t - c_s]`` for the
+    working set S of competitors. Returns (status, y, n_iter)."""
     Wr, c = region.Wr, region.c
     V, d = Wr.shape
     wt = Wr[t]
     ct = 0.0 if c is None else c[t]
     S = np.unique(S0[(S0 >= 0) & (S0 != t)])
     homog = region.homog
-    n = d + (1 if homog else 0) + 1
     bounds = [(float(lo), float(hi)) for lo, hi in zip(region.lb, region.ub)]
     if homog:
         bounds.append((0.0, 1.0))
-    bounds.append((None, None))
-    cost = np.zeros(n)
-    cost[-1] = -1.0
     t0 = time.perf_counter()
     gam = _gamma(d + 2, 2.0**-53)
     row_max = float(np.max(np.linalg.norm(Wr, axis=1)))
     bias_max = 0.0 if c is None else float(np.max(np.abs(c)))
     for it in range(1, 10_000):
-        A = np.empty((S.size, n))
+        A = np.empty((S.size, d + (1 if homog else 0)))
         A[:, :d] = Wr[S] - wt
         if homog:
             A[:, d] = c[S] - ct
             rhs = np.zeros(S.size)
         else:
             rhs = np.zeros(S.size) if c is None else ct - c[S]
-        A[:, -1] = 1.0
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0:
             return "undecided", None, it
-        res = linprog(cost, A_ub=A, b_ub=rhs, bounds=bounds, method="highs", options={"time_limit": left})
-        if res.status != 0:
+        ok, x, s_opt = max_margin_lp(A, rhs, 1.0, bounds, time_limit=left)
+        if not ok:
             return "undecided", None, it
-        s_opt = -res.fun
         if s_opt <= tol:
             return "lp_empty", None, it
-        x = res.x
         y = x[:d]
         tau = x[d] if homog else 1.0
         m = Wr @ (-y) + wt @ y  # (w_t - w_s) . y for all s
@@ -158,9 +139,9 @@ class ScanSetup:
         Sorted ids of the first occurrence of each distinct row ``(w_t, b_t)``.
     rep : numpy.ndarray of int64, shape (n_tokens,)
         Per token, the id of its representative (the lowest id with the same row).
-    region : embgeom.cells._Region
+    region : embgeom.cells._region._Region
         The distinct rows in region coordinates (float64 (n_u, d)), the bias, the box.
-    dec_u : Decoder
+    dec_u : embgeom.cells.Decoder
         The fast float32 decoder over the distinct rows (bias dropped when witnesses are
         directions of cones).
     row_max, bias_max : float
@@ -176,7 +157,7 @@ class ScanSetup:
     uniq: np.ndarray
     rep: np.ndarray
     region: _Region
-    dec_u: Decoder
+    dec_u: object  # embgeom.cells.Decoder (not imported: the decoder imports this module)
     row_max: float
     bias_max: float
     mu: np.ndarray
@@ -188,7 +169,7 @@ class ScanSetup:
         return int(self.uniq.size)
 
 
-def prepare(dec: Decoder, support=None) -> ScanSetup:
+def prepare(dec, support=None) -> ScanSetup:
     """Phase 1: distinct rows, region, fast decoder and whitening (once per scan).
 
     Parameters
@@ -204,10 +185,10 @@ def prepare(dec: Decoder, support=None) -> ScanSetup:
     Raises
     ------
     TypeError, ValueError
-        Unsupported support, or one of another dimension (:func:`embgeom.cells._region`).
+        Unsupported support, or one of another dimension (:func:`embgeom.cells._region._region`).
     """
     d = dec.dim
-    uniq, rep = _unique_rows(dec.W_, dec.bias_)
+    uniq, rep = distinct_rows(dec.W_, dec.bias_)
     W64 = dec.W_[uniq].astype(np.float64)
     b64 = None if dec.bias_ is None else dec.bias_[uniq].astype(np.float64)
     region = _region(dec, support, W64, b64)
@@ -219,7 +200,7 @@ def prepare(dec: Decoder, support=None) -> ScanSetup:
     # the rows at the region's unit scale (exact: a power of two), so the witnesses' logits
     # are the LPs' logits
     W_u = np.ldexp(dec.W_[uniq], -region.w_exp).astype(np.float32)
-    dec_u = Decoder(W_u, c_u, point_block=dec.point_block, vocab_block=dec.vocab_block)
+    dec_u = type(dec)(W_u, c_u, point_block=dec.point_block, vocab_block=dec.vocab_block)
     row_max = float(np.max(np.linalg.norm(region.Wr, axis=1)))
     bias_max = 0.0 if c_u is None else float(np.max(np.abs(c_u)))
     Wr = region.Wr
@@ -443,7 +424,7 @@ def scan(dec: Decoder, support=None, *, tokens=None, witness_steps: int = 30, ba
     :data:`LP_BATCH` tokens per LP task. The :class:`ScanSetup` is put once (``ray.put`` on
     Ray) and read by every task of both phases.
     """
-    from .parallel import executor_scope
+    from ..parallel import executor_scope
 
     t_start = time.perf_counter()
     chunk_size = CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")

@@ -1,33 +1,23 @@
-"""Decoder cells ``E_t``: greedy assignment, margins, unargmaxable tokens, Chebyshev centres.
+"""The greedy decoder ``t(h) = argmax_t (W h + b)_t``: assignment, margins, top-2, cell facts.
 
-The decoder cell of token ``t`` is ``E_t = {h : z_t(h) >= z_s(h) for all s}`` with logits
-``z = W h + b`` (``W`` the unembedding, ``b`` its bias). Cells are convex polyhedra; with ``b = 0``
-they are convex cones with apex at the origin. They form a *power diagram*, not the Euclidean
-nearest-row (Voronoi) diagram of the rows of ``W``::
-
-    argmax_t (w_t . h + b_t) = argmin_t (|h - w_t|^2 - |w_t|^2 - 2 b_t)
-
-(docs/theory.md, section 1 "Cells, and the power diagram behind them"), so the two partitions agree only when every ``|w_t|^2 + 2 b_t`` is
-the same. ``method="nearest"`` of :meth:`Decoder.assign` exists for comparison with earlier work
-that estimated "Voronoi" volumes.
-
-Reference: M. Meyer et al., "How Many Different Outputs Can a Transformer Generate?", ICML 2026,
-Sec. 4 (decoder cells); unargmaxable tokens: Grivas et al., ACL 2022; Demeter et al., ACL 2020.
+See :mod:`embgeom.cells` for what the cells are; the exact scan lives in
+:mod:`embgeom.cells._scan` and the LP machinery in :mod:`embgeom.cells._region`.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _kernels
-from ._special import row_norms
-from ._validation import check_array, check_positive, check_positive_int
+from .. import _kernels
+from .._special import row_norms
+from .._validation import check_array, check_positive, check_positive_int
+from ._region import _chebyshev_center
+from ._rows import UnargmaxableResult, distinct_rows
+from ._scan import scan
 
-__all__ = ["Decoder", "UnargmaxableResult"]
+__all__ = ["Decoder", "POINT_BLOCK", "VOCAB_BLOCK"]
 
 #: Default number of points per block of the blocked logits product (tuned on 2 cores, see
 #: ``benchmarks/bench_cell_volumes.py``).
@@ -41,7 +31,6 @@ POINT_BLOCK = 2048
 #: instead (page faults on first touch) gave 0.73x.
 VOCAB_BLOCK = 16384
 
-_UNIT_ROUNDOFF32 = 2.0**-24
 #: Rows whose Cauchy-Schwarz bound on ``|W h + b|`` reaches this go to the float64 path.
 _FLOAT32_SAFE = 1e38
 #: With a bias, rows holding a nonzero ``|h_k|`` below this go to the float64 path (float32
@@ -66,10 +55,6 @@ def _refuse_float32_underflow(x: np.ndarray, name: str) -> None:
             "positive factor changes no cell of a bias-free decoder)"
         )
 
-
-def _gamma(n: int, u: float) -> float:
-    """Higham's ``gamma_n = n u / (1 - n u)``: bound on the relative error of an n-term dot product."""
-    return n * u / (1.0 - n * u)
 
 
 class Decoder:
@@ -362,10 +347,8 @@ class Decoder:
         ``second[t]``, the second-lowest id of that group (-1 when t's row is unique).
         Computed once per method (exact duplicates are known at construction)."""
         if method not in self._dups:
-            from ._unargmaxable import _unique_rows
-
             b = self.bias_ if method == "argmax" else None
-            uniq, rep = _unique_rows(self.W_, b)
+            uniq, rep = distinct_rows(self.W_, b)
             if uniq.size == self.n_tokens:
                 self._dups[method] = None
             else:
@@ -703,8 +686,6 @@ class Decoder:
             max_lp = check_positive_int(max_lp, "max_lp", minimum=0)
         lp_time_limit = check_positive(lp_time_limit, "lp_time_limit")
         tol = check_positive(tol, "tol", allow_zero=True)
-        from ._unargmaxable import scan
-
         return scan(
             self, support, tokens=tokens, witness_steps=witness_steps, batch_size=batch_size,
             max_lp=max_lp, lp_time_limit=lp_time_limit, tol=tol, progress=progress,
@@ -751,249 +732,3 @@ class Decoder:
         radius = check_positive(radius, "radius")
         max_iter = check_positive_int(max_iter, "max_iter")
         return _chebyshev_center(self, t, support, radius=radius, max_iter=max_iter)
-
-
-#: Status codes of :class:`UnargmaxableResult`.
-STATUS_NAMES = ("witness", "lp_witness", "lp_empty", "duplicate", "undecided", "skipped")
-
-
-@dataclass
-class UnargmaxableResult:
-    """Outcome of :meth:`Decoder.unargmaxable`.
-
-    Attributes
-    ----------
-    tokens : numpy.ndarray of int64
-        Sorted ids of the unargmaxable tokens (status ``"lp_empty"`` or ``"duplicate"``).
-    status : numpy.ndarray of int8, shape (n_tokens,)
-        Per-token code, an index into :data:`STATUS_NAMES`: 0 ``witness`` (argmaxable, a
-        witness point found by the fast pass), 1 ``lp_witness`` (argmaxable, found by the LP),
-        2 ``lp_empty`` (unargmaxable, LP certificate), 3 ``duplicate`` (unargmaxable: an exact
-        duplicate of a lower-id row), 4 ``undecided`` (LP cap or time limit reached), 5
-        ``skipped`` (not in ``tokens``).
-    n_lp : int
-        Tokens that needed a linear program.
-    n_undecided : int
-        Tokens left undecided.
-    seconds : float
-        Wall time.
-    support : str
-        ``"none"`` or the support's class name (``"Box"``, ``"Ball"``, ...).
-    """
-
-    tokens: np.ndarray
-    status: np.ndarray
-    n_lp: int
-    n_undecided: int
-    seconds: float
-    support: str = "none"
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def n_unargmaxable(self) -> int:
-        """Number of unargmaxable tokens."""
-        return int(self.tokens.size)
-
-    @property
-    def undecided(self) -> np.ndarray:
-        """Ids of the undecided tokens (int64)."""
-        return np.flatnonzero(self.status == STATUS_NAMES.index("undecided")).astype(np.int64)
-
-    def status_of(self, t: int) -> str:
-        """The status name of token ``t``."""
-        return STATUS_NAMES[int(self.status[t])]
-
-    def to_dict(self) -> dict:
-        """JSON-able summary (counts per status, the unargmaxable ids, timings)."""
-        counts = {name: int((self.status == i).sum()) for i, name in enumerate(STATUS_NAMES)}
-        return {
-            "n_unargmaxable": self.n_unargmaxable,
-            "unargmaxable": self.tokens.tolist(),
-            "n_lp": int(self.n_lp),
-            "n_undecided": int(self.n_undecided),
-            "undecided": self.undecided.tolist()[:1000],
-            "status_counts": counts,
-            "seconds": float(self.seconds),
-            "support": self.support,
-            **self.extra,
-        }
-
-
-# ---------------------------------------------------------------------------------------------
-# exact scan: regions, witnesses, cutting-plane linear programs
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class _Region:
-    """Where ``h`` may lie, in region coordinates ``y`` (``h = y @ R`` for a rotated box)."""
-
-    Wr: np.ndarray  # float64 (V, d): rows in region coordinates
-    c: np.ndarray | None  # float64 (V,) bias, or None
-    lb: np.ndarray  # float64 (d,)
-    ub: np.ndarray  # float64 (d,)
-    homog: bool  # free space with a bias: homogenising variable tau in [0, 1]
-    R: np.ndarray | None  # rotation (rows = box axes) or None
-    name: str
-    directions: bool  # witnesses are directions of a cone (bias ignored), not points
-    scale_exp: int = 0  # region coordinates are true coordinates / 2^scale_exp
-    w_exp: int = 0  # Wr and c are the true rows and bias / 2^w_exp (the logits' unit scale)
-
-
-def _unit_rows(region: "_Region") -> "_Region":
-    """The region with its rows and bias divided by the power of two nearest ``max_s |w_s|``.
-
-    Dividing every logit ``w_s . h + b_s`` by the same positive number changes no cell, no
-    argmax and no LP's feasibility, so every LP of the library (the scan, the Chebyshev centre)
-    sees rows of norm about 1 whatever the scale of ``W``: HiGHS reads coefficients near 1e30 as
-    a model error (issue 21: a planted interior token came out "undecided" from W x 1e20 up),
-    and its tolerances are absolute. Exact (a power of two), so the answers are those of the
-    unscaled problem.
-    """
-    norms = np.linalg.norm(region.Wr, axis=1)
-    top = float(norms.max()) if norms.size else 0.0
-    j = int(np.round(np.log2(top))) if top > 0 and np.isfinite(top) else 0
-    if j == 0:
-        return region
-    region.Wr = np.ldexp(region.Wr, -j)
-    region.c = None if region.c is None else np.ldexp(region.c, -j)
-    region.w_exp = j
-    return region
-
-
-def _scaled_box(lb: np.ndarray, ub: np.ndarray, b64: np.ndarray | None):
-    """The box and the bias divided by the power of two nearest the box's size.
-
-    ``h = 2^k u`` turns ``(w_t - w_s) . h + (b_t - b_s) >= r |w_t - w_s|`` into
-    ``(w_t - w_s) . u + (b_t - b_s) / 2^k >= (r / 2^k) |w_t - w_s|``: the same cells and the
-    same answers, with the LPs, the witnesses and the tolerances at unit scale (a box of
-    half-width 1e-160 or 1e160 would otherwise fall below HiGHS's absolute tolerances or
-    overflow the float32 witness check). Exact (a power of two). Returns ``(lb, ub, c, k)``.
-    """
-    m = float(max(np.abs(lb).max(), np.abs(ub).max()))
-    k = int(np.round(np.log2(m))) if m > 0 else 0
-    c = None if b64 is None else np.ldexp(b64, -k)
-    return np.ldexp(lb, -k), np.ldexp(ub, -k), c, k
-
-
-def _region(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *, radius: float = 1.0) -> _Region:
-    """Where the exact scan looks: the support answers through ``lp_region()`` (a box of linear
-    constraints) or ``star_about_origin()`` (a bias-free decoder's cells are cones). The rows
-    and bias come back at unit scale (:func:`_unit_rows`)."""
-    return _unit_rows(_region_raw(dec, support, W64, b64, radius=radius))
-
-
-def _region_raw(dec: Decoder, support, W64: np.ndarray, b64: np.ndarray | None, *,
-                radius: float = 1.0) -> _Region:
-    d = W64.shape[1]
-    ones = np.ones(d)
-    if support is None:
-        if radius == 1.0:  # the scan's free space: unit box (and tau for a bias), nothing to scale
-            return _Region(W64, b64, -ones, ones, b64 is not None, None, "none", True)
-        lb, ub, c, k = _scaled_box(-radius * ones, radius * ones, b64)
-        return _Region(W64, c, lb, ub, b64 is not None, None, "none", True, k)
-    if not all(hasattr(type(support), m) for m in ("lp_region", "star_about_origin")):
-        raise TypeError(
-            "support: expected an embgeom.supports.Support (with .dim, .lp_region(), "
-            f".star_about_origin()), got {type(support).__name__}"
-        )
-    if int(support.dim) != d:
-        raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={d}")
-    label = type(support).__name__
-    box = support.lp_region()
-    if box is not None:
-        R = box.rotation
-        lb = np.asarray(box.lower, dtype=np.float64)
-        ub = np.asarray(box.upper, dtype=np.float64)
-        Wr = W64 if R is None else W64 @ np.asarray(R, dtype=np.float64).T
-        lb, ub, c, k = _scaled_box(lb, ub, b64)
-        return _Region(np.ascontiguousarray(Wr), c, lb, ub, False, R, label, False, k)
-    if b64 is None and support.star_about_origin():
-        # cells are cones with apex 0 and the support meets every ray from an interior origin:
-        # a cell meets the support's interior iff it has an interior at all
-        return _Region(W64, None, -radius * ones, radius * ones, False, None, label, True)
-    raise TypeError(
-        f"support: the exact scan handles no support, a support with linear constraints (Box), or "
-        f"(bias None) a support star-shaped about an interior origin (origin-centred ball or "
-        f"ellipsoid, RMSNorm final-norm shell without bias); got {label}"
-        + (" with a bias" if b64 is not None else "")
-    )
-
-
-def _check_bias_at_scale(c: np.ndarray, region: _Region, name: str = "support", limit: float = 3e38,
-                         floor: float = float(np.finfo(np.float32).tiny)) -> None:
-    """Refuse a box whose size is out of all proportion to the bias (beyond float32's range).
-
-    In the box's unit coordinates the bias is ``b / 2^k``; the witnesses are checked by the
-    float32 decoder, which cannot hold it when ``|b| / 2^k`` passes 3.4e38 (a box far smaller
-    than the bias: ``W h`` is below the bias's own rounding everywhere in it) or when nonzero
-    entries fall below 1.2e-38 (a box far larger: the bias is below the rounding of ``W h``).
-    """
-    a = np.abs(c)
-    nz = a[a > 0]
-    if nz.size and (float(nz.max()) >= limit or float(nz.min()) < floor):
-        raise ValueError(
-            f"{name}: the box (size about 2^{region.scale_exp}) is out of proportion to the bias "
-            f"(|b| from {float(nz.min()) * 2.0**region.scale_exp:.3g} to {float(nz.max()) * 2.0**region.scale_exp:.3g}): "
-            "in its unit coordinates the bias leaves the range where W h and b can be compared "
-            "(float32 for the witnesses, HiGHS's 1e15 for the LPs); use a box closer to the "
-            "scale of b / |w|"
-        )
-
-
-def _chebyshev_center(dec: Decoder, t, support, *, radius: float, max_iter: int):
-    from scipy.optimize import linprog
-
-    V, d = dec.n_tokens, dec.dim
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-        raise TypeError(f"t: expected an integer token id, got {type(t).__name__}")
-    t = int(t)
-    if not 0 <= t < V:
-        raise ValueError(f"t: expected a token id in [0, {V}), got {t}")
-    W64 = dec.W_.astype(np.float64)
-    b64 = None if dec.bias_ is None else dec.bias_.astype(np.float64)
-    region = _region(dec, support, W64, b64, radius=radius)
-    if support is not None and region.directions:
-        raise TypeError("support: chebyshev_center handles None (a box of half-width radius) or a "
-                        "support with linear constraints (Box)")
-    Wr, c = region.Wr, region.c
-    if c is not None:  # HiGHS reads |x| >= 1e20 as infinite; a bias of 1e15 box-widths is beyond it
-        _check_bias_at_scale(c, region, "support" if support is not None else "radius", limit=1e15, floor=0.0)
-    wt = Wr[t]
-    ct = 0.0 if c is None else c[t]
-    diff = wt - Wr
-    norms = np.linalg.norm(diff, axis=1)
-    cdiff = np.zeros(V) if c is None else ct - c
-    active = norms > 0  # exact duplicates of t impose nothing (ties go to the lowest id)
-    # start from the top competitors at the centre of the box along w_t - mean
-    centre = 0.5 * (region.lb + region.ub)
-    y0 = centre + 0.5 * (wt - Wr.mean(axis=0))
-    slack0 = diff @ y0 + cdiff
-    cand = np.flatnonzero(active)
-    S = cand[np.argsort(slack0[cand] / norms[cand])[: min(cand.size, 2 * d + 16)]]
-    bounds = [(None, None)] * d + [(None, None)]
-    cost = np.zeros(d + 1)
-    cost[-1] = -1.0
-    # ball inside the box: y_i + r <= ub_i, -y_i + r <= -lb_i
-    Abox = np.zeros((2 * d, d + 1))
-    Abox[:d, :d] = np.eye(d)
-    Abox[d:, :d] = -np.eye(d)
-    Abox[:, -1] = 1.0
-    bbox = np.concatenate([region.ub, -region.lb])
-    for _ in range(max_iter):
-        A = np.empty((S.size, d + 1))
-        A[:, :d] = -diff[S]
-        A[:, -1] = norms[S]
-        res = linprog(cost, A_ub=np.vstack([A, Abox]), b_ub=np.concatenate([cdiff[S], bbox]), bounds=bounds, method="highs")
-        if res.status != 0:
-            raise ValueError(f"chebyshev_center: the LP failed ({res.message})")
-        y, r = res.x[:d], res.x[-1]
-        viol = diff @ y + cdiff - r * norms
-        viol[~active] = np.inf
-        scale = 1e-9 * (1.0 + np.abs(y).max() * norms.max())
-        bad = np.flatnonzero(viol < -scale)
-        bad = np.setdiff1d(bad[np.argsort(viol[bad])][: max(d // 2, 32)], S)
-        if bad.size == 0:
-            h = y if region.R is None else y @ region.R
-            k = region.scale_exp  # back to true coordinates (exact)
-            return np.ldexp(h, k), math.ldexp(float(r), k)
-        S = np.union1d(S, bad)
-    raise ValueError(f"chebyshev_center: no convergence in {max_iter} cutting-plane iterations")

@@ -153,6 +153,13 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
+#: The names of :data:`embgeom.cramming.PROTOCOLS` and its default, written out so that
+#: ``embgeom --help`` imports nothing heavy (tests/test_cli.py checks them against the presets).
+CRAM_PROTOCOL_NAMES = ("adam", "cosine", "kuratov", "lbfgs", "lowrank", "paper", "progressive",
+                       "restarts", "whitened")
+CRAM_DEFAULT_PROTOCOL = "progressive"
+
+
 def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
     """The ``embgeom`` argument parser (sub-commands ``report``, ``cram``, ``copy``).
 
@@ -261,12 +268,30 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
     cram.add_argument("--patience", type=_positive_int, default=None,
                       help="stop a target after this many steps without a new best accuracy "
                       "(default: never)")
-    cram.add_argument("--protocol", choices=("paper",), default=None,
-                      help="paper: Kuratov et al.'s protocol sized for one 10-minute run on one "
-                      "H200 (5000 steps, patience 2000, AdamW lr 1e-2 betas 0.9 0.9 wd 0.01, "
-                      "bf16 autocast on cuda, all (m, n) rows in mixed batches; smollm2-135m "
-                      "m = 1..4, gemma-3-270m m = 1..2); any option given explicitly overrides "
-                      "the preset")
+    cram.add_argument("--protocol", choices=CRAM_PROTOCOL_NAMES, default=None,
+                      help="per-length runs: only 'paper', Kuratov et al.'s protocol sized for "
+                      "one 10-minute run on one H200 (5000 steps, patience 2000, AdamW lr 1e-2 "
+                      "betas 0.9 0.9 wd 0.01, bf16 autocast on cuda, all (m, n) rows in mixed "
+                      "batches; smollm2-135m m = 1..4, gemma-3-270m m = 1..2; any option given "
+                      "explicitly overrides the preset). With --horizons: the optimiser preset "
+                      f"(default {CRAM_DEFAULT_PROTOCOL}; docs/cramming.md lists each with its "
+                      "source)")
+    cram.add_argument("--horizons", action="store_true",
+                      help="progressive cramming: one run per target grows it token by token "
+                      "from the previous solution and records its horizon h (longest crammed "
+                      "prefix); accessibility(n) = P(h >= n), n50 = median horizon. Writes "
+                      "horizons.jsonl (resumable) and the same cram_summary.json")
+    cram.add_argument("--steps-per-length", type=_positive_int, default=None,
+                      help="with --horizons: updates allowed for each new length (default 500)")
+    cram.add_argument("--max-steps", type=_positive_int, default=None,
+                      help="with --horizons: cap on a target's updates in all (default: none)")
+    cram.add_argument("--max-length", type=_positive_int, default=None,
+                      help="with --horizons: the longest prefix tried (default 64)")
+    cram.add_argument("--target-source", choices=("random-tokens", "wordlist", "words"),
+                      default="random-tokens",
+                      help="random-tokens (default; the theorem's count), wordlist (the paper's "
+                      "random text: random words of a 100k-word English list), words (random "
+                      "whole-word tokens)")
     add_executor_arguments(cram)
 
     cp = command(
@@ -433,8 +458,37 @@ def _cram_kwargs(args) -> dict:
     return dict(kw, seed=args.seed, plot=args.plot)
 
 
+_HORIZON_ONLY = ("steps_per_length", "max_steps", "max_length")
+
+
+def _horizons_kwargs(args) -> dict:
+    """The :func:`run_horizons` arguments of ``embgeom cram --horizons``."""
+    from .cramming._protocols import DEFAULT_PROTOCOL
+
+    for flag in ("lengths", "steps", "lr", "weight_decay", "patience"):
+        if getattr(args, flag) not in (None, False):
+            raise UsageError(f"--{flag.replace('_', '-')}: not an option of --horizons (the "
+                             "optimiser is --protocol, the budget --steps-per-length)")
+    if args.adaptive:
+        raise UsageError("--adaptive: not an option of --horizons (every length is tried in turn)")
+    return dict(mems=args.mem or [1], n_targets=args.n_targets or 16,
+                max_length=args.max_length or 64, target_source=args.target_source,
+                protocol=args.protocol or DEFAULT_PROTOCOL,
+                steps_per_length=args.steps_per_length or 500, max_steps=args.max_steps,
+                seed=args.seed, plot=args.plot, start_token=args.start_token,
+                precision=args.precision or "float32", device=args.device)
+
+
 def _cmd_cram(args) -> dict:
     _check_output_folder(args.out, "--out")
+    if args.horizons:
+        return _cmd_horizons(args)
+    for flag in _HORIZON_ONLY:
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')}: only with --horizons")
+    if args.protocol not in (None, "paper"):
+        raise UsageError(f"--protocol {args.protocol}: per-length runs take only 'paper'; the "
+                         "optimiser presets run with --horizons")
     resume = Path(args.out).expanduser() / "cram.jsonl"
     if resume.is_file():  # a run resumes from it: a foreign file fails now, not after the load
         _check_text_file(resume, "--out", "a cram.jsonl of `embgeom cram` (move it away or "
@@ -450,7 +504,26 @@ def _cmd_cram(args) -> dict:
     _pass_executor(run_cram, kw, executor)
     mems = kw.pop("mems")
     _log.info("cramming %s with m in %s into %s", args.model, mems, args.out)
+    kw["target_source"] = args.target_source
     return run_cram(args.model, mems, args.out, **kw)
+
+
+def _cmd_horizons(args) -> dict:
+    resume = Path(args.out).expanduser() / "horizons.jsonl"
+    if resume.is_file():
+        _check_text_file(resume, "--out", "a horizons.jsonl of `embgeom cram --horizons` (move "
+                         "it away or choose another --out)")
+    from ._hf import check_device
+
+    kw = _horizons_kwargs(args)
+    check_device(kw["device"])
+    from .cramming import run_horizons
+
+    kw["progress"] = _progress(args)
+    mems = kw.pop("mems")
+    _log.info("horizons of %s with m in %s (%s) into %s", args.model, mems, kw["protocol"],
+              args.out)
+    return run_horizons(args.model, mems, args.out, **kw)
 
 
 def _cmd_copy(args) -> dict:

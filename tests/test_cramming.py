@@ -30,8 +30,8 @@ from embgeom.cramming import (
     sample_targets,
     teacher_forced_accuracy,
     theory_slope,
-    wilson_interval,
 )
+from embgeom._stats import wilson_interval
 
 VOCAB = 128
 D = 32

@@ -274,3 +274,49 @@ def test_per_length_resume_of_a_torn_record_reruns_its_whole_batch(tiny, tmp_pat
     for j in a:
         for key in ("success_teacher_forced", "steps", "loss", "accuracy", "memory_norm"):
             assert a[j][key] == b[j][key], (j, key)
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_cli_protocol_names_match_the_presets():
+    from embgeom import cli
+    from embgeom.cramming import DEFAULT_PROTOCOL
+
+    assert set(cli.CRAM_PROTOCOL_NAMES) == set(PROTOCOLS)
+    assert cli.CRAM_DEFAULT_PROTOCOL == DEFAULT_PROTOCOL
+
+
+def test_cli_cram_horizons(tiny, tmp_path, monkeypatch, capsys):
+    from embgeom import cli
+    from embgeom.cramming import _horizon_run
+
+    monkeypatch.setattr(_horizon_run, "_load", lambda name: tiny)
+    rc = cli.main(["cram", "--horizons", "--model", "tiny", "--out", str(tmp_path), "--mem", "1",
+                   "--n-targets", "2", "--max-length", "5", "--steps-per-length", "20",
+                   "--protocol", "adam", "-q"])
+    assert rc == 0
+    s = json.loads((tmp_path / "cram_summary.json").read_text())
+    assert s["kind"] == "horizons" and s["settings"]["protocol"]["name"] == "adam"
+    assert s["settings"]["steps_per_length"] == 20
+    # per-length flags are refused with --horizons, and presets other than paper without it
+    assert cli.main(["cram", "--horizons", "--model", "tiny", "--out", str(tmp_path),
+                     "--steps", "10", "-q"]) == 2
+    assert "--steps" in capsys.readouterr().err
+    assert cli.main(["cram", "--model", "tiny", "--out", str(tmp_path), "--protocol",
+                     "progressive", "-q"]) == 2
+    assert "--horizons" in capsys.readouterr().err
+    assert cli.main(["cram", "--model", "tiny", "--out", str(tmp_path), "--max-length", "9",
+                     "-q"]) == 2
+
+
+def test_targets_longer_than_the_model_are_refused_by_name():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    m = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1,
+                                   n_head=2, bos_token_id=1)).eval()
+    with pytest.raises(ValueError, match="max_length: .* exceed the model's maximum"):
+        horizons(m, 2, n_targets=1, max_length=20)
+    with pytest.raises(ValueError, match="targets: .* exceed the model's maximum"):
+        cram(m, np.ones((1, 20), np.int64), 1, steps=1)

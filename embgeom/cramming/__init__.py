@@ -109,10 +109,6 @@ _SUBMODULES = ("analysis", "plots", "_optimise", "_checks", "_targets", "_curve"
 def __getattr__(name):
     if name in _SUBMODULES:
         return _importlib.import_module(f".{name}", __name__)
-    if name == "wilson_interval":  # the Wilson interval of the curves, from embgeom.volumes
-        from embgeom.volumes import wilson_interval
-
-        return wilson_interval
     if name in _HOME:
         value = getattr(_importlib.import_module(f".{_HOME[name]}", __name__), name)
         globals()[name] = value
@@ -121,4 +117,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_HOME) | {"wilson_interval"})
+    return sorted(set(globals()) | set(_HOME))

@@ -38,6 +38,7 @@ import torch
 from embgeom import _json
 from embgeom._hf import (
     check_device,
+    check_positions,
     dtype_name,
     embed_rows,
     frozen,
@@ -616,6 +617,10 @@ def horizons(
                               seed=seed)
         source = source_descriptor(target_source)
     B_all, n_max = T_np.shape
+    check_positions(hf, (start is not None) + n_mem + n_max - 1,
+                    "targets" if targets is not None else "max_length",
+                    f"{int(start is not None)} start token + {n_mem} memory vectors + a "
+                    f"{n_max}-token target")
     device = check_device(device)
     if device is not None:
         hf.to(device)

@@ -16,6 +16,7 @@ import torch
 
 from embgeom._hf import (
     check_device,
+    check_positions,
     dtype_name,
     embed_rows,
     frozen,
@@ -304,6 +305,9 @@ def _cram_inputs(model, targets, n_mem, seed, start_token) -> _CramInputs:
     vocab = vocab_rows(hf)
     rows, ms = _check_rows(targets, n_mem, vocab)
     start = resolve_start_token(hf, tok, start_token, vocab)
+    longest = int(max(int(m) + len(r) for m, r in zip(ms, rows)))
+    check_positions(hf, (start is not None) + longest - 1, "targets",
+                    "the start token, the memory vectors and the longest target")
     return _CramInputs(hf, emb, vocab, rows, ms, start, _per_target_seeds(seed, len(rows)))
 
 

@@ -16,7 +16,6 @@ ACL 2025 (arXiv 2502.13063).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, special, stats
 
+from embgeom._threads import single_blas_thread
 from embgeom._validation import check_positive, check_positive_int, check_probability, check_seed
 
 __all__ = ["AccessibilityCurve", "HorizonCurve", "n50", "fit_slope", "theory_slope"]
@@ -63,7 +63,7 @@ class AccessibilityCurve:
     @property
     def intervals(self):
         """``(lower, upper)``, float64 (K,) each: the Wilson 95% interval per length."""
-        from embgeom.volumes import wilson_interval  # imported here: volumes loads numba
+        from embgeom._stats import wilson_interval
 
         return wilson_interval(self.successes, self.trials)
 
@@ -184,22 +184,8 @@ def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: fl
     confidence = check_probability(confidence, "confidence")
     s_min = check_positive(s_min, "s_min")
     rng = check_seed(seed)
-    with _single_blas_thread():
+    with single_blas_thread():  # L-BFGS-B on 2 parameters: thread start-up dominates
         return _n50_fit(x, k, N, s_min, rng, n_boot, confidence)
-
-
-@contextlib.contextmanager
-def _single_blas_thread():
-    """Limit BLAS to one thread: L-BFGS-B on a 2-parameter problem spends ~50x longer in
-    OpenBLAS thread start-up than in arithmetic when the library's default threading is on
-    (measured here: 1.6 s vs 0.05 s for 50 bootstrap fits)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # threadpoolctl comes with scikit-learn; without it, just run
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
 
 
 def _n50_fit(x, k, N, s_min, rng, n_boot, confidence) -> dict:
@@ -462,7 +448,7 @@ class HorizonCurve:
 
         ``lengths`` default: 1 .. max_length. float64 arrays of shape (K,) (lengths int64).
         """
-        from embgeom.volumes import wilson_interval
+        from embgeom._stats import wilson_interval
 
         n = np.arange(1, self.max_length + 1) if lengths is None else \
             np.asarray(lengths, np.int64)

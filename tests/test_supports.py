@@ -370,8 +370,8 @@ def test_bad_input_errors():
         fit_support(H[:1], "box")
     with pytest.raises(TypeError, match="float16"):
         fit_support(H.astype(np.float16), "ball")
-    with pytest.raises(TypeError):
-        fit_support(H.astype(int), "ball")
+    with pytest.raises(TypeError, match="X: .*dtype bool"):
+        fit_support(H > 0, "ball")
     with pytest.raises(ValueError, match="shape"):
         fit_support(H, "sphere")
     with pytest.raises(ValueError, match="support_from_final_norm"):
@@ -449,37 +449,64 @@ def test_to_dict_json_and_estimator_conventions():
 
 
 # ---------------------------------------------------------------- scikit-learn estimator API
-_SKLEARN_NOT_APPLICABLE = {
-    "check_estimators_dtypes": "integer X is refused with TypeError on purpose (embgeom's check_array "
-                               "rule: hidden states are real floats; an int array is a caller's mistake)",
-    "check_classifier_data_not_an_array": "it feeds integer X, refused with TypeError (same rule)",
-    "check_dtype_object": "object arrays are refused with TypeError (only real float32/float64)",
-    "check_complex_data": "complex X is a wrong dtype, so TypeError (project rule), not the ValueError "
-                          "scikit-learn expects",
-}
+# The only checks a support fails, and only where the outlier semantics differ: a support fitted
+# with quantile=1 encloses every training point (that is what makes it a support), while these
+# checks expect some training points flagged -1. Everything else, integer, object and complex X
+# included, follows scikit-learn's conventions.
 _ENCLOSES_EVERY_POINT = ("quantile=1 encloses every training point by construction, so predict on the "
-                         "training set has no -1; the quantile=0.95 instance runs this check")
+                         "training set has no -1; the quantile=0.95 instance of the class runs and "
+                         "passes this check")
+OUTLIER_SEMANTICS = {
+    "check_outliers_train": _ENCLOSES_EVERY_POINT,
+    "check_outliers_fit_predict": _ENCLOSES_EVERY_POINT,
+}
 
 
 def _expected_failed_checks(est):
-    out = dict(_SKLEARN_NOT_APPLICABLE)
     if not isinstance(est, FinalNormShell) and est.get_params()["quantile"] == 1.0:
-        out["check_outliers_train"] = _ENCLOSES_EVERY_POINT
-        out["check_outliers_fit_predict"] = _ENCLOSES_EVERY_POINT
-    return out
+        return dict(OUTLIER_SEMANTICS)
+    return {}
 
 
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 
+_CHECKED = [Ball(), Ball(centering="origin"), Ball(quantile=0.95), Box(), Box(rotation="pca", quantile=0.95),
+            Ellipsoid(), Ellipsoid(quantile=0.95), Cone(), Cone(quantile=0.95), FinalNormShell()]
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@parametrize_with_checks(
-    [Ball(), Ball(centering="origin"), Ball(quantile=0.95), Box(), Box(rotation="pca", quantile=0.95),
-     Ellipsoid(), Ellipsoid(quantile=0.95), Cone(), Cone(quantile=0.95), FinalNormShell()],
-    expected_failed_checks=_expected_failed_checks,
-)
+@parametrize_with_checks(_CHECKED, expected_failed_checks=_expected_failed_checks)
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("estimator", _CHECKED, ids=repr)
+def test_sklearn_checks_fail_exactly_the_listed_outlier_checks(estimator):
+    # the xfail marks above are not strict: this pins the list itself. A check that starts
+    # failing, or a listed one that starts passing, changes the set. Before issue 20 part 5,
+    # 7 check runs failed per quantile=1 instance and 4 per other instance (integer, object and
+    # complex X); now the 3 runs of the two listed checks, and none elsewhere
+    from sklearn.utils.estimator_checks import check_estimator
+
+    results = check_estimator(estimator, on_fail=None)
+    failed = {r["check_name"] for r in results if r["status"] == "failed"}
+    assert failed == set(_expected_failed_checks(estimator))
+    assert len(results) >= 40  # the checks did run
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("estimator", [Ball(), Ellipsoid(), Box(rotation="pca"), Cone(quantile=0.95), FinalNormShell()],
+                         ids=repr)
+def test_sklearn_dataframe_column_names_check(estimator):
+    # scikit-learn runs this check on its own estimators outside check_estimator: fit on a
+    # DataFrame sets feature_names_in_, and reordered, renamed or missing columns are refused
+    # by predict, decision_function and score_samples with scikit-learn's message
+    pytest.importorskip("pandas")
+    from sklearn.utils.estimator_checks import check_dataframe_column_names_consistency
+
+    check_dataframe_column_names_consistency(type(estimator).__name__, estimator)
 
 
 def test_estimator_api_clone_params_pickle_predict():

@@ -13,17 +13,18 @@ from ._base import (
     _SOLVERS,
     Support,
     check_choice,
+    check_scale_factor,
     cvxpy_solve,
     import_cvxpy,
     normalise,
     refuse_degenerate,
     row_norms,
+    scale_lengths,
     trim,
     unit_ball_samples,
     unscale,
 )
 from ._volumetric import ball_terms
-from ._base import check_scale_factor
 
 __all__ = ["Ball"]
 
@@ -392,13 +393,26 @@ class Ball(Support):
         """The ball with the same centre and ``factor`` times the radius (see
         :meth:`Support.scaled`); ``rinf_`` is scaled too.
 
+        Parameters
+        ----------
+        factor : float
+            > 0 and finite.
+
+        Returns
+        -------
+        Ball
+            A ready set (``solver_ = "given"``) with ``radius_ = factor * radius_``, the same
+            ``center_`` and ``feature_names_in_``.
+
         Raises
         ------
         ValueError, TypeError
-            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+            ``factor <= 0`` or not finite, a radius that would leave the float64 range;
+            ``NotFittedError`` before a fit.
         """
         self._check_fitted()
         s = check_scale_factor(factor)
-        out = type(self).from_params(self.center_, s * self.radius_)
-        out.rinf_ = s * self.rinf_
-        return out
+        r, rinf = scale_lengths(np.array([self.radius_, self.rinf_]), s, "radius")
+        out = type(self).from_params(self.center_, r)
+        out.rinf_ = float(rinf)
+        return self._derived(out)

@@ -19,13 +19,23 @@ from typing import NamedTuple
 
 import numpy as np
 from sklearn.base import BaseEstimator, OutlierMixin
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import _get_feature_names, check_is_fitted
 
+from .._json import to_jsonable
 from .._special import row_norms, vector_norm
 from .._validation import check_array, check_positive, check_positive_int
 
-__all__ = ["Support", "BoxRegion", "CONTAINS_TOL", "row_norms", "vector_norm", "refuse_degenerate",
-           "affine_hull", "normalise", "unscale"]
+try:  # scikit-learn >= 1.6: a function of sklearn.utils.validation
+    from sklearn.utils.validation import _check_feature_names as _sk_check_feature_names
+except ImportError:  # pragma: no cover - scikit-learn 1.3 to 1.5: a method of BaseEstimator
+
+    def _sk_check_feature_names(estimator, X, *, reset):
+        estimator._check_feature_names(X, reset=reset)
+
+
+__all__ = ["Support", "BoxRegion", "CONTAINS_TOL", "ComplexDataError", "row_norms", "vector_norm",
+           "refuse_degenerate", "affine_hull", "normalise", "unscale", "as_real_points",
+           "feature_names_of", "scale_lengths"]
 
 #: Relative slack of :meth:`Support.contains` and of the ``predict`` rule: a point is inside
 #: when ``gauge(x) <= 1 + CONTAINS_TOL`` (a fitted set's farthest point sits on the boundary up
@@ -163,15 +173,126 @@ def _refuse_sparse(X, name: str):
         raise TypeError(f"{name}: sparse input is not supported; pass a dense float array (X.toarray())")
 
 
-def check_hidden(H, name: str = "X") -> np.ndarray:
-    """Validate points to fit ``(N, d)``: real float32/64, finite, N >= 2, d >= 1; float64 out.
+class ComplexDataError(TypeError, ValueError):
+    """Complex points: a wrong dtype (``TypeError``, embgeom's rule) that scikit-learn's
+    convention reports as a ``ValueError`` ("Complex data not supported"); both catch it."""
 
-    The messages for zero columns, a single row and sparse input use scikit-learn's wording
-    (``"0 feature(s)"``, ``"1 sample"``, ``"sparse"``) so that its estimator checks recognise
-    them.
+
+_TORCH_INTS = frozenset(f"torch.{t}" for t in ("int8", "int16", "int32", "int64", "uint8", "uint16",
+                                               "uint32", "uint64"))
+
+
+def _object_to_float(arr: np.ndarray, name: str) -> np.ndarray:
+    """An object array of numbers as float64; text and other objects refused by name."""
+    for v in arr.flat:  # a Python loop, on object arrays only
+        if isinstance(v, (str, bytes)):
+            raise TypeError(
+                f"{name}: expected a real floating-point array, got dtype object holding a "
+                f"{type(v).__name__} ({v!r:.30}); numbers stored as text are not converted"
+            )
+    try:
+        return arr.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{name}: expected a real floating-point array, got dtype object that does not convert "
+            f"to float64 ({exc})"
+        ) from None
+
+
+def as_real_points(X, name: str = "X"):
+    """Points as scikit-learn's estimators take them, before :func:`embgeom._validation.check_array`.
+
+    Integer arrays (numpy, torch, pandas columns, nullable ``Int64`` included) and object arrays
+    of numbers are converted to float64, as ``sklearn.utils.check_array`` does (integers beyond
+    ``2^53`` round). Everything else is returned unchanged for ``check_array``, which refuses
+    float16 and bfloat16 by name, booleans, NaN and infinity.
+
+    Parameters
+    ----------
+    X : array_like, torch.Tensor or pandas DataFrame/Series
+    name : str
+        The argument's name, in every message.
+
+    Returns
+    -------
+    array_like
+        ``X`` itself, or a float64 ndarray for integer and object input.
+
+    Raises
+    ------
+    TypeError
+        Sparse input; an object array holding text or objects that are not numbers.
+    ComplexDataError
+        Complex input (a ``TypeError`` and a ``ValueError``).
     """
-    _refuse_sparse(H, name)
-    H = check_array(H, name, ndim=2, allow_empty=True)
+    _refuse_sparse(X, name)
+    if X is None:
+        return X
+    if hasattr(X, "detach") and hasattr(X, "cpu"):  # a torch tensor
+        dt = str(getattr(X, "dtype", ""))
+        if dt.startswith("torch.complex"):
+            raise ComplexDataError(f"{name}: Complex data not supported (dtype {dt}); expected real floats")
+        return X.detach().cpu().double() if dt in _TORCH_INTS else X
+    if type(X).__module__.split(".")[0] == "pandas" and hasattr(X, "to_numpy"):
+        dtypes = list(X.dtypes) if hasattr(X, "columns") else [X.dtype]
+        kinds = [getattr(d, "kind", "O") for d in dtypes]
+        if "c" in kinds:
+            raise ComplexDataError(f"{name}: Complex data not supported (pandas columns); expected real floats")
+        if any(k in "iu" for k in kinds) and all(
+                k in "iu" or (k == "f" and getattr(d, "itemsize", 8) >= 4) for k, d in zip(kinds, dtypes)):
+            return X.to_numpy(dtype=np.float64, na_value=np.nan)  # a missing value: NaN, refused
+        return X  # floats (and everything refused) are check_array's
+    arr = np.asarray(X)
+    kind = arr.dtype.kind
+    if kind in "iu":
+        return arr.astype(np.float64)
+    if kind == "c":
+        raise ComplexDataError(
+            f"{name}: Complex data not supported (dtype {arr.dtype}); expected a real floating-point array")
+    if kind == "O":
+        return _object_to_float(arr, name)
+    return arr
+
+
+def feature_names_of(X) -> np.ndarray | None:
+    """The column names of a DataFrame ``X`` (object array), or ``None`` (scikit-learn's rule:
+    only when every column name is a string)."""
+    return _get_feature_names(X)
+
+
+def scale_lengths(x, factor: float, what: str):
+    """``factor * x`` for positive lengths ``x``, refusing a result outside float64's range.
+
+    Raises
+    ------
+    ValueError
+        ``factor * x`` overflows to infinity or underflows to zero, naming ``factor`` and ``what``.
+    """
+    with np.errstate(over="ignore", under="ignore"):
+        out = np.multiply(x, factor)
+    if not (np.all(np.isfinite(out)) and np.all(out > 0)):
+        lo, hi = float(np.min(x)), float(np.max(x))
+        raise ValueError(
+            f"factor: {factor:.3g} times the {what} (from {lo:.3g} to {hi:.3g}) leaves the float64 "
+            "range (it would overflow to inf or underflow to 0)"
+        )
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def check_hidden(H, name: str = "X") -> np.ndarray:
+    """Validate points to fit ``(N, d)``: real (integers converted), finite, N >= 2, d >= 1.
+
+    Integer and object-of-numbers input is converted to float64 (:func:`as_real_points`, as
+    scikit-learn does); float16, booleans and complex numbers are refused by name. The
+    messages for zero columns, a single row, sparse and complex input use scikit-learn's
+    wording (``"0 feature(s)"``, ``"1 sample"``, ``"sparse"``, ``"Complex data not supported"``)
+    so that its estimator checks recognise them.
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape (N, d)
+    """
+    H = check_array(as_real_points(H, name), name, ndim=2, allow_empty=True)
     if H.shape[1] == 0:
         raise ValueError(
             f"{name}: found an array with 0 feature(s) (shape={H.shape}) while a minimum of 1 is required."
@@ -253,6 +374,11 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
         :meth:`to_dict` (``"ball"``, ``"ellipsoid"``, ``"cone"``, ``"box"``, ``"final_norm"``).
     n_features_in_ : int
         The ambient dimension ``d`` (also :attr:`dim`).
+    feature_names_in_ : ndarray of str objects, shape (d,)
+        The column names of ``X`` when it was a DataFrame whose column names are all strings
+        (scikit-learn's rule); absent otherwise. Every method that takes points then checks
+        them: a DataFrame with other, missing or reordered columns raises ``ValueError``, an
+        array without names warns. A set derived by :meth:`scaled` keeps them.
     offset_ : float
         ``-(1 + CONTAINS_TOL)``: ``decision_function = score_samples - offset_`` (scikit-learn's
         outlier-detector convention).
@@ -276,6 +402,12 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
     relative slack ``CONTAINS_TOL``) and ``predict`` is ``+1`` where the decision is ``>= 0``,
     ``-1`` elsewhere; ``predict(X) == 1`` is ``contains(X)`` at its default tolerance.
 
+    Input follows scikit-learn's conventions: integer ``X`` is converted to float64, a
+    DataFrame's column names are kept in ``feature_names_in_`` and checked on every later call
+    (``sklearn.utils.validation``'s own check), float16 and complex ``X`` are refused by name.
+    Where the outlier semantics differ: a fit with ``quantile=1`` encloses every training point,
+    so ``fit_predict`` and ``predict`` on the training set give no ``-1``.
+
     A set built with ``from_params`` is not an estimator waiting for data: calling ``fit`` on it
     raises ``ValueError`` instead of silently replacing it (``sklearn.base.clone`` gives the
     unfitted estimator with the same options).
@@ -295,14 +427,34 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
         check_is_fitted(self, "n_features_in_")
 
     def _start_fit(self, X) -> tuple[np.ndarray, float]:
-        """Refuse to refit a ready set, validate ``X``; returns ``(H float64, t0)``."""
+        """Refuse to refit a ready set, validate ``X``, record its column names (or forget
+        those of a previous fit); returns ``(H float64, t0)``."""
         if vars(self).get("_from_params", False):
             raise ValueError(
                 f"this {type(self).__name__} was built with {type(self).__name__}.from_params: it is "
                 "a ready set, not an estimator to fit. Fit a new estimator instead "
                 f"({type(self).__name__}(...).fit(X), or sklearn.base.clone(this).fit(X))"
             )
-        return check_hidden(X, "X"), time.perf_counter()
+        t0 = time.perf_counter()
+        H = check_hidden(X, "X")
+        self._check_names(X, "X", reset=True)
+        return H, t0
+
+    def _check_names(self, X, name: str = "X", *, reset: bool = False) -> None:
+        """Set (``reset``) or check ``feature_names_in_`` against ``X``'s column names with
+        scikit-learn's own check; its ``ValueError``/``TypeError`` is raised naming ``name``."""
+        try:
+            _sk_check_feature_names(self, X, reset=reset)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}: {exc}") from None
+
+    def _derived(self, out: "Support") -> "Support":
+        """``out`` (a set made from this one, e.g. by :meth:`scaled`) with this one's
+        ``feature_names_in_``, so that it checks the same columns."""
+        names = vars(self).get("feature_names_in_")
+        if names is not None:
+            out.feature_names_in_ = names
+        return out
 
     def _record_fit(self, n_samples, n_fit, quantile: float, solver: str, t0: float):
         self.n_samples_ = None if n_samples is None else int(n_samples)
@@ -331,9 +483,11 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
         """Lebesgue volume of the set in ``R^d``, in nats (never overflows)."""
 
     def _check_points(self, X, name: str = "X", *, allow_1d: bool = True) -> np.ndarray:
+        """Validate points for a fitted set: the column names first (a DataFrame with fewer
+        columns says which are missing), then the array (integers converted), then ``d``."""
         self._check_fitted()
-        _refuse_sparse(X, name)
-        X = check_array(X, name, ndim=(1, 2))
+        self._check_names(X, name)
+        X = check_array(as_real_points(X, name), name, ndim=(1, 2))
         if X.ndim == 1 and not allow_1d:
             raise ValueError(
                 f"{name}: expected a 2-d array of shape (N, {self.n_features_in_}), got shape "
@@ -371,7 +525,8 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
         Raises
         ------
         ValueError
-            Wrong dimension, NaN/inf. TypeError: not a float array (float16 refused).
+            Wrong dimension, NaN/inf, a DataFrame whose columns are not ``feature_names_in_``
+            (in order). TypeError: not a real array (float16 refused; integers are converted).
         sklearn.exceptions.NotFittedError
             Before ``fit`` (a ``ValueError``).
         """
@@ -399,7 +554,11 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
             ``X`` not a real float array (float16 refused).
         """
         tol = check_positive(tol, "tol", allow_zero=True)
-        return self.gauge(X) <= 1.0 + tol
+        return self._contains(self._check_points(X), tol)
+
+    def _contains(self, X: np.ndarray, tol: float) -> np.ndarray:
+        """:meth:`contains` on validated points ``X`` (N, d) float64 and a checked ``tol``."""
+        return self._gauge(X) <= 1.0 + tol
 
     def score_samples(self, X) -> np.ndarray:
         """``-gauge(X)``: larger for points deeper inside (scikit-learn's convention).
@@ -522,12 +681,16 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
         """The set's parameters by name (arrays allowed), for :meth:`to_dict`."""
 
     def to_dict(self) -> dict:
-        """A JSON-able summary: shape, dim, log_volume (nats), parameters and fit details.
+        """A strict-JSON summary: shape, dim, log_volume (nats), parameters and fit details.
 
         Returns
         -------
         dict
-            Arrays become lists of floats.
+            Plain JSON types only, through :func:`embgeom._json.to_jsonable` (the one
+            converter): arrays become lists, and a value that is not finite becomes ``None``
+            (``gap`` of a cvxpy fit, which has no certificate; ``paper_half_angle`` of a cone
+            built from parameters), so ``json.dumps(..., allow_nan=False)`` accepts it. A
+            calibrated set (:func:`embgeom.supports.calibrate_support`) adds ``calibration``.
 
         Raises
         ------
@@ -535,22 +698,20 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
             Before ``fit``.
         """
         self._check_fitted()
-        out = {"shape": self.shape, "dim": self.dim, "log_volume": float(self.log_volume)}
-        for k, v in self._params().items():
-            if isinstance(v, np.ndarray):
-                v = v.tolist()
-            elif isinstance(v, (np.floating, np.integer)):
-                v = v.item()
-            out[k] = v
+        out = {"shape": self.shape, "dim": self.dim, "log_volume": self.log_volume}
+        out.update(self._params())
         out.update(
             n_samples=self.n_samples_,
             n_fit=self.n_fit_,
             n_dropped=self.n_dropped_,
             quantile=self.quantile_,
             solver=self.solver_,
-            fit_seconds=float(self.fit_seconds_),
+            fit_seconds=self.fit_seconds_,
         )
-        return out
+        calibration = vars(self).get("calibration_")
+        if calibration is not None:
+            out["calibration"] = calibration
+        return to_jsonable(out)
 
     # -- fit_support's options ----------------------------------------------------------------
     @classmethod

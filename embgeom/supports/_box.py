@@ -9,9 +9,18 @@ from scipy import special
 
 from .._special import _log_kappa, log1p_ratio, log_binomial_row, log_elementary_symmetric
 from .._validation import check_array, check_positive, check_probability, check_seed
-from ._base import BoxRegion, Support, normalise, refuse_degenerate, trim, unscale, vector_norm
+from ._base import (
+    BoxRegion,
+    Support,
+    check_scale_factor,
+    normalise,
+    refuse_degenerate,
+    scale_lengths,
+    trim,
+    unscale,
+    vector_norm,
+)
 from ._volumetric import circumball_terms
-from ._base import check_scale_factor
 
 __all__ = ["Box"]
 
@@ -339,13 +348,34 @@ class Box(Support):
         """The box with the same centre, rotation and axes, every side times ``factor`` (see
         :meth:`Support.scaled`).
 
+        Parameters
+        ----------
+        factor : float
+            > 0 and finite.
+
+        Returns
+        -------
+        Box
+            A ready set (``solver_ = "given"``) with the same ``rotation_`` and
+            ``feature_names_in_``.
+
         Raises
         ------
         ValueError, TypeError
-            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+            ``factor <= 0`` or not finite; bounds that would leave the float64 range, or sides
+            so short that ``centre +- factor * half-width`` rounds to one number;
+            ``NotFittedError`` before a fit.
         """
         self._check_fitted()
         s = check_scale_factor(factor)
-        mid = 0.5 * (self.lower_ + self.upper_)
-        half = 0.5 * (self.upper_ - self.lower_)
-        return type(self).from_params(mid - s * half, mid + s * half, self.rotation_)
+        mid = 0.5 * self.lower_ + 0.5 * self.upper_  # halves first: no overflow near 1.8e308
+        half = scale_lengths(0.5 * self.upper_ - 0.5 * self.lower_, s, "half-widths")
+        with np.errstate(over="ignore"):
+            lo, hi = mid - half, mid + half
+            ok = np.all(np.isfinite(hi - lo)) and np.all(hi > lo)
+        if not ok:
+            raise ValueError(
+                f"factor: {s:.3g} times the half-widths gives bounds outside the float64 range or "
+                "sides that round to zero width at the box's centre"
+            )
+        return self._derived(type(self).from_params(lo, hi, self.rotation_))

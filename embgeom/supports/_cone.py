@@ -15,17 +15,18 @@ from ._base import (
     _SOLVERS,
     Support,
     check_choice,
+    check_scale_factor,
     cvxpy_solve,
     import_cvxpy,
     normalise,
     refuse_degenerate,
     row_norms,
+    scale_lengths,
     trim,
     unscale,
     vector_norm,
 )
 from ._volumetric import circumball_terms
-from ._base import check_scale_factor
 
 __all__ = ["Cone"]
 
@@ -451,12 +452,26 @@ class Cone(Support):
         """The cone ``{x : |x| <= factor r, angle(x, axis) <= min(pi, factor alpha)}`` (see
         :meth:`Support.scaled`: the sublevel set of the gauge ``max(|x|/r, angle/alpha)``).
 
+        Parameters
+        ----------
+        factor : float
+            > 0 and finite.
+
+        Returns
+        -------
+        Cone
+            A ready set (``solver_ = "given"``) with the same ``axis_`` and
+            ``feature_names_in_``.
+
         Raises
         ------
         ValueError, TypeError
-            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+            ``factor <= 0`` or not finite, a radius that would leave the float64 range or a
+            half-angle that would underflow to 0; ``NotFittedError`` before a fit.
         """
         self._check_fitted()
         s = check_scale_factor(factor)
-        return type(self).from_params(self.axis_, min(math.pi, s * self.half_angle_),
-                                      s * self.radius_)
+        radius = scale_lengths(self.radius_, s, "radius")
+        # the half-angle is capped at pi (the whole ball); below the cap it must stay > 0
+        half = math.pi if s * self.half_angle_ >= math.pi else scale_lengths(self.half_angle_, s, "half-angle")
+        return self._derived(type(self).from_params(self.axis_, half, radius))

@@ -83,8 +83,10 @@ def calibrate_support(support: Support, H_calibration, alpha) -> Support:
     support : Support
         A fitted support (any shape with :meth:`~Support.gauge` and :meth:`~Support.scaled`).
         It must not have seen ``H_calibration``.
-    H_calibration : array_like of float32/float64, shape (n, d)
-        Calibration points, independent of the fit, drawn like the points the guarantee is for.
+    H_calibration : array_like of float, shape (n, d)
+        Calibration points, independent of the fit, drawn like the points the guarantee is for;
+        integers are converted to float64; a DataFrame must have the support's
+        ``feature_names_in_``.
     alpha : float
         Miscoverage level in (0, 1).
 
@@ -101,7 +103,8 @@ def calibrate_support(support: Support, H_calibration, alpha) -> Support:
     Raises
     ------
     ValueError, TypeError
-        Bad ``H_calibration`` (NaN/inf, fewer than 2 rows, wrong width, not floats), ``alpha``
+        Bad ``H_calibration`` (NaN/inf, fewer than 2 rows, wrong width, float16, other column
+        names than the support's), ``alpha``
         outside (0, 1), a calibration sample too small for ``alpha``, a zero quantile (all
         calibration points at the centre); ``NotFittedError`` for an unfitted support.
 
@@ -129,9 +132,10 @@ def calibrate_support(support: Support, H_calibration, alpha) -> Support:
     d = support.dim
     if Hc.shape[1] != d:
         raise ValueError(f"H_calibration: expected {d} columns (the support's dimension), got {Hc.shape[1]}")
+    support._check_names(H_calibration, "H_calibration")  # a DataFrame: the support's columns
     n = Hc.shape[0]
     k = conformal_rank(n, alpha)
-    scores = support.gauge(Hc)
+    scores = support._gauge(Hc)
     q = float(np.partition(scores, k - 1)[k - 1])
     if not q > 0:
         raise ValueError("H_calibration: the conformal quantile of the gauges is 0 (the calibration "

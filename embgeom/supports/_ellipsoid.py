@@ -15,15 +15,16 @@ from ._base import (
     Support,
     affine_hull,
     check_choice,
+    check_scale_factor,
     normalise,
     refuse_degenerate,
+    scale_lengths,
     trim,
     unit_ball_samples,
     unscale,
 )
 from ._mvee import mvee
 from ._volumetric import circumball_terms, ellipsoid_terms, is_axis_aligned
-from ._base import check_scale_factor
 
 __all__ = ["Ellipsoid"]
 
@@ -447,14 +448,37 @@ class Ellipsoid(Support):
         }
 
     def scaled(self, factor) -> "Ellipsoid":
-        """The ellipsoid with the same centre and axes, semi-axes times ``factor`` (shape
-        matrix ``A / factor^2``; see :meth:`Support.scaled`).
+        """The ellipsoid with the same centre and axes, semi-axes times ``factor`` (see
+        :meth:`Support.scaled`).
+
+        It scales the ellipsoid's own parameters, never the shape matrix ``A`` (which cannot
+        hold semi-axes of ``1e160``): an ellipsoid that :meth:`from_params` accepts from its
+        semi-axes can be scaled as long as ``factor`` times them stays in float64's range.
+
+        Parameters
+        ----------
+        factor : float
+            > 0 and finite.
+
+        Returns
+        -------
+        Ellipsoid
+            A ready set (``solver_ = "given"``): the same ``center_``, ``axes_``,
+            ``affine_rank_`` and ``feature_names_in_``; ``semi_axes_`` and ``ridge_`` times
+            ``factor``.
 
         Raises
         ------
         ValueError, TypeError
-            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+            ``factor <= 0`` or not finite, semi-axes that would leave the float64 range;
+            ``NotFittedError`` before a fit.
         """
         self._check_fitted()
         s = check_scale_factor(factor)
-        return type(self).from_params(self.center_, self.shape_matrix_ / (s * s))
+        semi = scale_lengths(self.semi_axes_, s, "semi-axes")
+        ridge = None if self.ridge_ is None else scale_lengths(self.ridge_, s, "ridge")
+        out = type(self)()  # the axes are this fit's (orthonormal already): no re-validation
+        out._set_axes(self.center_.copy(), self.axes_.copy(), semi, eps=0.0, gap_nats=0.0, n_iter=0,
+                      ridge=ridge, rank=self.affine_rank_)
+        out._record_given(self.dim)
+        return self._derived(out)

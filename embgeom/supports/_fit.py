@@ -7,7 +7,7 @@ one line to :data:`SHAPES`.
 from __future__ import annotations
 
 from ._ball import Ball
-from ._base import _CENTERINGS, _SOLVERS, Support, check_choice, check_hidden
+from ._base import _CENTERINGS, _SOLVERS, Support, check_choice, check_hidden, feature_names_of
 from ._conformal import _check_alpha, calibrate_support, conformal_rank, split_for_calibration
 from ._box import Box
 from ._cone import Cone
@@ -34,8 +34,9 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
 
     Parameters
     ----------
-    H : array_like of float32/float64, shape (N, d)
-        Hidden states (N >= 2, finite).
+    H : array_like of float, shape (N, d)
+        Hidden states (N >= 2, finite); integers are converted to float64 (float16 refused). A
+        DataFrame's column names become the support's ``feature_names_in_``.
     shape : {"ball", "ellipsoid", "cone", "box"}
         The shape to fit (a key of :data:`SHAPES`). The final-norm shell is not a fit: see
         :func:`support_from_final_norm`.
@@ -79,7 +80,7 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
         Unknown shape or option, or bad ``H`` (NaN/inf, N < 2, ...); with ``calibrate``, a
         calibration split too small for the level (``n >= 1/alpha - 1`` points are needed).
     TypeError
-        ``H`` not real floats (float16 refused).
+        ``H`` not a real array (float16, booleans, complex numbers refused).
 
     Examples
     --------
@@ -97,6 +98,7 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
     if calibrate is None:
         return est.fit(H)
     calibrate = _check_alpha(calibrate, "calibrate")
+    names = feature_names_of(H)
     H = check_hidden(H, "H")
     fit_idx, cal_idx = split_for_calibration(H.shape[0], calibration_fraction, seed)
     try:  # a split too small for the level fails before the fit
@@ -116,4 +118,6 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
     out.quantile_ = est.quantile_
     out.solver_ = f"{est.solver_} + conformal"
     out.fit_seconds_ = est.fit_seconds_
+    if names is not None:  # fitted and calibrated on the rows as arrays; the columns were named
+        out.feature_names_in_ = names
     return out

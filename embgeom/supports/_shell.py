@@ -8,7 +8,7 @@ import numpy as np
 
 from .._special import _log_kappa, log1p_ratio, log_sphere_area, log_unit_ball_volume
 from .._validation import check_array, check_positive, check_seed
-from ._base import CONTAINS_TOL, Support
+from ._base import CONTAINS_TOL, Support, check_scale_factor, scale_lengths
 from ._ellipsoid import Ellipsoid
 from ._volumetric import (
     circumball_terms,
@@ -16,7 +16,6 @@ from ._volumetric import (
     ellipsoid_terms,
     log_enclosing_ellipsoid_ratio,
 )
-from ._base import check_scale_factor
 
 __all__ = ["FinalNormShell", "support_from_final_norm"]
 
@@ -202,7 +201,9 @@ class FinalNormShell(Support):
             Wrong dimension, NaN/inf, float16, negative tol; ``NotFittedError`` before a fit.
         """
         tol = check_positive(tol, "tol", allow_zero=True)
-        X = self._check_points(X)
+        return self._contains(self._check_points(X), tol, solid=bool(solid))
+
+    def _contains(self, X, tol, solid=False):
         rho = self._gauge(X)
         if solid:
             return rho <= 1.0 + tol
@@ -400,14 +401,26 @@ class FinalNormShell(Support):
         """The shell with the gain times ``factor`` (the homothety about the bias, or the
         origin; see :meth:`Support.scaled`).
 
+        Parameters
+        ----------
+        factor : float
+            > 0 and finite.
+
+        Returns
+        -------
+        FinalNormShell
+            A ready set with the same kind, bias, eps and ``feature_names_in_``.
+
         Raises
         ------
         ValueError, TypeError
-            ``factor <= 0`` or not finite; ``NotFittedError`` before a fit.
+            ``factor <= 0`` or not finite, a gain that would leave the float64 range;
+            ``NotFittedError`` before a fit.
         """
         self._check_fitted()
         s = check_scale_factor(factor)
-        return type(self).from_params(self.kind_, s * self.gain_, self.bias_, self.eps_)
+        gain = np.sign(self.gain_) * scale_lengths(np.abs(self.gain_), s, "gain")
+        return self._derived(type(self).from_params(self.kind_, gain, self.bias_, self.eps_))
 
 
 def support_from_final_norm(unembedding) -> FinalNormShell:

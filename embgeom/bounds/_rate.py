@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .._json import to_jsonable
 from .._validation import check_array, check_positive_int, check_seed
 
 __all__ = ["CellVolumeRate", "cell_volume_rate", "cell_volume_rate_from_logs"]
@@ -134,26 +135,24 @@ class CellVolumeRate:
         return self.n_zero / self.vocab_size
 
     def to_dict(self) -> dict:
-        """A JSON-able dict (arrays as lists; infinities as the strings ``"inf"``/``"-inf"``)."""
+        """The fields, ``rate_conservative`` and ``unresolved_share`` as a strict-JSON dict.
 
-        def conv(v):
-            if isinstance(v, np.ndarray):
-                return [conv(x) for x in v.tolist()]
-            if isinstance(v, (tuple, list)):
-                return [conv(x) for x in v]
-            if isinstance(v, (float, np.floating)):
-                v = float(v)
-                if math.isinf(v):
-                    return "inf" if v > 0 else "-inf"
-                return None if math.isnan(v) else v
-            if isinstance(v, np.integer):
-                return int(v)
-            return v
+        Built by :func:`embgeom._json.to_jsonable`, the one converter: arrays become lists and
+        a value that is not finite becomes ``None`` (null), never a string. Here ``null`` is
+        ``-inf`` in ``log_median``, ``log_median_low`` and ``log_median_high`` (the median
+        product of ``k`` shares is 0), ``+inf`` in a rate (``rate``, an end of
+        ``rate_bracket``, ``rate_interval`` or ``rate_ci``: proven-empty cells were drawn), and
+        "not computed" in ``log_total`` (NaN by default).
 
-        out = {k: conv(v) for k, v in asdict(self).items()}
-        out["rate_conservative"] = conv(self.rate_conservative)
-        out["unresolved_share"] = conv(self.unresolved_share)
-        return out
+        Returns
+        -------
+        dict
+            ``json.dumps(..., allow_nan=False)`` accepts it.
+        """
+        out = asdict(self)
+        out["rate_conservative"] = self.rate_conservative
+        out["unresolved_share"] = self.unresolved_share
+        return to_jsonable(out)
 
 
 def _check_fractions(fractions, name: str, sum_tol: float | None) -> np.ndarray:

@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .._json import to_jsonable
 from .._stats import clopper_pearson_lower
-from .._validation import check_probability
+from .._validation import check_positive, check_probability
 from ._base import Support, check_hidden
 
 __all__ = ["ContainmentCheck", "containment_check", "clopper_pearson_lower", "min_points_for"]
@@ -85,8 +86,9 @@ class ContainmentCheck:
     tol: float
 
     def to_dict(self) -> dict:
-        """JSON-able dict of the fields."""
-        return asdict(self)
+        """The fields as a strict-JSON dict (through :func:`embgeom._json.to_jsonable`: a value
+        that is not finite would be ``None``)."""
+        return to_jsonable(asdict(self))
 
     def sentence(self) -> str:
         """The evidence in words, e.g. ``"holds 2,004 of 2,004 fresh hidden states (one-sided
@@ -103,8 +105,9 @@ def containment_check(support: Support, H_fresh, *, confidence: float = 0.95,
     ----------
     support : Support
         Fitted (or built with ``from_params``).
-    H_fresh : array_like of float32/float64, shape (n, d)
-        Points the support has not seen (other seeds and prompt lengths than the fit).
+    H_fresh : array_like of float, shape (n, d)
+        Points the support has not seen (other seeds and prompt lengths than the fit); integers
+        are converted to float64; a DataFrame must have the support's ``feature_names_in_``.
     confidence : float in (0, 1), default 0.95
         Level of the one-sided Clopper-Pearson bound.
     min_share : float in (0, 1], default 0.99
@@ -120,16 +123,18 @@ def containment_check(support: Support, H_fresh, *, confidence: float = 0.95,
     Raises
     ------
     ValueError, TypeError
-        Bad ``H_fresh`` (NaN/inf, fewer than 2 rows, wrong width, not floats), arguments out of
-        range; ``NotFittedError`` for an unfitted support.
+        Bad ``H_fresh`` (NaN/inf, fewer than 2 rows, wrong width, float16, other column names
+        than the support's), arguments out of range; ``NotFittedError`` for an unfitted support.
     """
     if not isinstance(support, Support):
         raise TypeError(f"support: expected an embgeom.supports.Support, got {type(support).__name__}")
     H = check_hidden(H_fresh, "H_fresh")
     if H.shape[1] != support.dim:
         raise ValueError(f"H_fresh: expected {support.dim} columns, got {H.shape[1]}")
+    support._check_names(H_fresh, "H_fresh")  # a DataFrame: the support's columns, in order
     min_share = check_probability(min_share, "min_share")
-    inside = support.contains(H, tol=tol)
+    tol = check_positive(tol, "tol", allow_zero=True)
+    inside = support._contains(H, tol)
     n, k = int(H.shape[0]), int(np.count_nonzero(inside))
     lb = clopper_pearson_lower(k, n, confidence)
     return ContainmentCheck(n=n, n_inside=k, share=k / n, lower_bound=lb,

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from .._special import log_cap_fraction, log_unit_ball_volume
 from ._ball import Ball
-from ._base import CONTAINS_TOL, BoxRegion, Support
+from ._base import CONTAINS_TOL, BoxRegion, ComplexDataError, Support
 from ._box import Box
 from ._cone import Cone
 from ._ellipsoid import Ellipsoid
@@ -60,6 +60,7 @@ __all__ = [
     "BoxRegion",
     "SHAPES",
     "CONTAINS_TOL",
+    "ComplexDataError",
     "fit_support",
     "support_from_final_norm",
     "calibrate_support",

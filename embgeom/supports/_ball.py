@@ -164,7 +164,7 @@ class Ball(Support):
         Certified relative duality gap on ``r^2`` (0 for closed forms; NaN for cvxpy).
     n_iter_ : int
         Iterations of the fast solver.
-    n_features_in_, n_samples_, n_fit_, n_dropped_, quantile_, solver_, fit_seconds_, offset_
+    n_features_in_, feature_names_in_, n_samples_, n_fit_, n_dropped_, quantile_, solver_, fit_seconds_, offset_
         See :class:`Support`.
 
     Notes
@@ -238,7 +238,9 @@ class Ball(Support):
 
         Parameters
         ----------
-        X : array_like of float32/float64, shape (N, d)
+        X : array_like of float, shape (N, d)
+            float32/float64; integers are converted to float64. A DataFrame's column
+            names become ``feature_names_in_``.
             Hidden states, N >= 2, finite.
         y : None
             Ignored (scikit-learn's signature).
@@ -250,7 +252,8 @@ class Ball(Support):
         Raises
         ------
         TypeError
-            ``X`` not real floats (float16 refused).
+            ``X`` not a real array (float16, booleans, text refused; complex numbers raise
+            ``ComplexDataError``, also a ``ValueError``).
         ValueError
             NaN/inf, N < 2, unknown ``centering``/``solver``, ``quantile`` outside (0, 1],
             degenerate data (all kept points coincide, or all are at the origin for

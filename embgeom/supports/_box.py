@@ -90,7 +90,7 @@ class Box(Support):
         Rows are the box axes.
     widened_ : list of int
         Axes widened to ``min_width``.
-    n_features_in_, n_samples_, n_fit_, n_dropped_, quantile_, solver_, fit_seconds_, offset_
+    n_features_in_, feature_names_in_, n_samples_, n_fit_, n_dropped_, quantile_, solver_, fit_seconds_, offset_
         See :class:`Support`.
 
     Notes
@@ -169,7 +169,9 @@ class Box(Support):
 
         Parameters
         ----------
-        X : array_like of float32/float64, shape (N, d)
+        X : array_like of float, shape (N, d)
+            float32/float64; integers are converted to float64. A DataFrame's column
+            names become ``feature_names_in_``.
         y : None
             Ignored.
 
@@ -180,7 +182,8 @@ class Box(Support):
         Raises
         ------
         TypeError
-            ``X`` not real floats (float16 refused).
+            ``X`` not a real array (float16, booleans, text refused; complex numbers raise
+            ``ComplexDataError``, also a ``ValueError``).
         ValueError
             NaN/inf, N < 2, bad ``quantile``/``rotation``, degenerate data (all points
             coincide, or they lie in a proper affine subspace so that a side has zero width)

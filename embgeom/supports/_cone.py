@@ -227,7 +227,9 @@ class Cone(Support):
 
         Parameters
         ----------
-        X : array_like of float32/float64, shape (N, d), d >= 2
+        X : array_like of float, shape (N, d), d >= 2
+            float32/float64; integers are converted to float64. A DataFrame's column
+            names become ``feature_names_in_``.
         y : None
             Ignored.
 
@@ -238,7 +240,8 @@ class Cone(Support):
         Raises
         ------
         TypeError
-            ``X`` not real floats (float16 refused).
+            ``X`` not a real array (float16, booleans, text refused; complex numbers raise
+            ``ComplexDataError``, also a ``ValueError``).
         ValueError
             NaN/inf, N < 2, d < 2, bad options, a cone built with :meth:`from_params`, or
             degenerate data: every point at the origin, or all directions the same (points on

@@ -86,7 +86,7 @@ class Ellipsoid(Support):
     affine_rank_ : int
         Dimension of the affine hull of the fitted points (``d`` when full).
     n_iter_ : int
-    n_features_in_, n_samples_, n_fit_, n_dropped_, quantile_, solver_, fit_seconds_, offset_
+    n_features_in_, feature_names_in_, n_samples_, n_fit_, n_dropped_, quantile_, solver_, fit_seconds_, offset_
         See :class:`Support`.
 
     Notes
@@ -219,7 +219,9 @@ class Ellipsoid(Support):
 
         Parameters
         ----------
-        X : array_like of float32/float64, shape (N, d)
+        X : array_like of float, shape (N, d)
+            float32/float64; integers are converted to float64. A DataFrame's column
+            names become ``feature_names_in_``.
         y : None
             Ignored.
 
@@ -230,7 +232,8 @@ class Ellipsoid(Support):
         Raises
         ------
         TypeError
-            ``X`` not real floats (float16 refused).
+            ``X`` not a real array (float16, booleans, text refused; complex numbers raise
+            ``ComplexDataError``, also a ``ValueError``).
         ValueError
             NaN/inf, N < 2, bad options, an ellipsoid built with :meth:`from_params`, a result
             beyond the float64 range, or degenerate data without ``ridge``: all points

@@ -62,7 +62,7 @@ class FinalNormShell(Support):
     radius_ : float
         ``sqrt(d)``: the radius of the shell in the normalised coordinates ``y``.
     eps_ : float
-    n_features_in_, offset_, solver_ (``"closed_form"``), ...
+    n_features_in_, feature_names_in_, offset_, solver_ (``"closed_form"``), ...
         See :class:`Support`.
 
     Notes
@@ -151,7 +151,9 @@ class FinalNormShell(Support):
 
         Parameters
         ----------
-        X : array_like of float32/float64, shape (N, d)
+        X : array_like of float, shape (N, d)
+            float32/float64; integers are converted to float64. A DataFrame's column
+            names become ``feature_names_in_``.
         y : None
             Ignored.
 

@@ -137,11 +137,14 @@ class ConeMeasure:
     params: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """JSON-able summary (medians and counts; the per-token arrays stay in numpy)."""
+        """JSON-able summary (medians and counts; the per-token arrays stay in numpy), through
+        :func:`embgeom._json.to_jsonable`: a median of no resolved token is ``None``."""
+        from ._json import to_jsonable
+
         fin = np.isfinite(self.log_share)
         with np.errstate(invalid="ignore"):
             width = self.log_upper - self.log_lower
-        return {
+        return to_jsonable({
             "n_tokens": int(self.token_ids.size),
             "n_resolved": int(fin.sum()),
             "median_log_share": float(np.median(self.log_share[fin])) if fin.any() else float("nan"),
@@ -151,7 +154,7 @@ class ConeMeasure:
             "sides": {str(s): int((self.side == s).sum()) for s in np.unique(self.side)},
             "confidence": self.confidence,
             **self.params,
-        }
+        })
 
 
 # --------------------------------------------------------------------------------------------

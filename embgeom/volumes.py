@@ -118,7 +118,8 @@ class CellVolumes:
         """lambda (nats per token) from these shares, by the functional that fits the estimator.
 
         ``estimator == "rare-event"``: :func:`embgeom.bounds.cell_volume_rate_from_logs` on the
-        tokens with a rare-event figure (``token_method`` "rare-event" or "empty"), with their
+        token sample (``token_method`` "rare-event", "empty" or, where the count was the
+        tighter estimate, "uniform"), with their
         intervals read at their own level (``token_confidence = self.confidence``) and a
         bootstrap interval ``rate_ci`` at ``confidence``. ``"uniform"``:
         :func:`embgeom.bounds.cell_volume_rate` on ``fractions`` with ``lower``, ``upper`` and
@@ -156,7 +157,7 @@ class CellVolumes:
         from .bounds import cell_volume_rate, cell_volume_rate_from_logs
 
         if self.estimator == "rare-event":
-            ids = np.flatnonzero(np.isin(self.token_method, ("rare-event", "empty")))
+            ids = np.flatnonzero(self.token_method != "not estimated")  # the whole token sample
             return cell_volume_rate_from_logs(
                 self.log_fractions[ids], k_max, log_lower=self.log_lower[ids],
                 log_upper=self.log_upper[ids], vocab_size=self.counts.size,
@@ -342,6 +343,25 @@ def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
     return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
 
 
+def _counts_suffice(counts, n: int, n_chains: int, level_prob: float) -> np.ndarray:
+    """bool: the uniform count's log-standard error is below the one splitting would reach.
+
+    The count's (delta method): ``sqrt((1 - p) / k)`` for ``k`` hits of ``n``, ``p = k / n``.
+    Splitting's, for a share ``p`` reached in ``L = log p / log level_prob`` levels of
+    ``n_chains`` chains each keeping a fraction ``level_prob`` (Cerou & Guyader 2007, the
+    variance of adaptive multilevel splitting): ``sqrt(L (1 - level_prob) / (level_prob
+    n_chains))``. Tokens with no hit always go to splitting. With 20,000 samples and 128 chains
+    the count wins down to shares of about 1e-3 (k of about 20).
+    """
+    k = np.asarray(counts, np.float64)
+    p = k / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        se_count = np.sqrt((1 - p) / k)
+        levels = np.maximum(1.0, np.log(p) / math.log(level_prob))
+    se_split = np.sqrt(levels * (1 - level_prob) / (level_prob * n_chains))
+    return (k > 0) & (se_count < se_split)
+
+
 def _uniform_logs(counts, n, lower, upper):
     """Log figures of uniform counts: ``log(k/n)`` (``nan`` at k = 0), ``log lower``, ``log upper``."""
     with np.errstate(divide="ignore"):
@@ -447,7 +467,11 @@ def cell_volumes(
         needs a decoder without bias and an origin-centred ellipsoidal support (origin ball,
         final-norm shell without bias, ellipsoid centred at 0), where every cell is a cone.
         ``"auto"``: rare-event where it applies, uniform elsewhere (``estimator`` says which,
-        ``extra["rare_event"]`` why).
+        ``extra["rare_event"]`` why); within the token sample, a token whose uniform count
+        already gives the smaller log-standard error than splitting would at ``n_chains``
+        (big cells: with 20,000 samples and 128 chains, shares above about 1e-3) keeps its
+        count (``token_method`` "uniform"; ``extra["rare_event"]["n_by_counts"]`` counts them)
+        and is not split. ``"rare-event"`` splits every sampled token.
     tokens : "auto", None, int or array_like of int, default "auto"
         Tokens given a rare-event estimate: ``None`` every token, an int a seeded uniform
         sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
@@ -534,10 +558,24 @@ def cell_volumes(
     estimator = "uniform" if method == "uniform" or why_not else "rare-event"
     logs = {}
     if estimator == "rare-event":
+        ids = _token_sample(tokens, decoder.n_tokens, root)
+        counted = np.zeros(ids.size, bool)
+        if method == "auto":
+            counted = _counts_suffice(counts[ids], n_samples, n_chains,
+                                      (rare_event_options or {}).get("level_prob", 0.5))
         logs, extra["rare_event"] = _rare_event_logs(
-            decoder, G, _token_sample(tokens, decoder.n_tokens, root), task_seed(root, RARE_EVENT_KEY),
+            decoder, G, ids[~counted], task_seed(root, RARE_EVENT_KEY),
             n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress,
             executor=executor)
+        if counted.any():  # the sampled tokens whose uniform count is the tighter estimate
+            c_ids = ids[counted]
+            lf, llo, lhi = _uniform_logs(counts[c_ids], n_samples, lower[c_ids], upper[c_ids])
+            logs["log_fractions"][c_ids], logs["log_lower"][c_ids] = lf, llo
+            logs["log_upper"][c_ids] = lhi
+            logs["token_method"][c_ids] = "uniform"
+        extra["rare_event"]["n_by_counts"] = int(counted.sum())
+        extra["rare_event"]["token_sample"] = int(ids.size)
+        extra["rare_event"]["sample_is_all"] = bool(ids.size == decoder.n_tokens)
     elif why_not is not None:
         extra["rare_event"] = f"not applicable: {why_not}; uniform sampling only"
     return CellVolumes(
@@ -616,6 +654,11 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
     figures are the same for every executor and chunking.
     """
     opts = dict(options or {})  # checked by cell_volumes before the uniform pass
+    V = decoder.n_tokens
+    if ids.size == 0:  # every sampled token was resolved by its count
+        return {"log_fractions": np.full(V, np.nan), "log_lower": np.full(V, np.nan),
+                "log_upper": np.full(V, np.nan),
+                "token_method": np.full(V, "not estimated", dtype="<U13")}, {"n_chains": n_chains}
     tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)
              for k, j in enumerate(range(0, ids.size, RARE_EVENT_CHUNK))}
     with executor_scope(executor) as ex:
@@ -624,7 +667,6 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
                                    "opts": opts},
                            progress=progress, desc="rare-event cells")
     r = _concat_measures([out[k] for k in tasks])
-    V = decoder.n_tokens
     log_f, log_lo, log_hi = (np.full(V, np.nan) for _ in range(3))
     method = np.full(V, "not estimated", dtype="<U13")
     log_f[ids], log_lo[ids], log_hi[ids] = r.log_share, r.log_lower, r.log_upper

@@ -220,7 +220,6 @@ ODD = {
     "3d": (np.ones((2, 4, 3)), ValueError, "ndim"),
     "0d": (np.float64(1.0), ValueError, "ndim"),
     "float16": (np.ones((4, 3), np.float16), TypeError, "float16"),
-    "int": (np.ones((4, 3), np.int64), TypeError, "dtype int64"),
     "bool": (np.ones((4, 3), bool), TypeError, "dtype bool"),
     "complex": (np.ones((4, 3), complex), TypeError, "complex"),
     "object": (np.array([[1.0, "a", 2.0]] * 3, dtype=object), TypeError, "dtype object"),
@@ -235,6 +234,16 @@ def test_odd_inputs_are_refused_by_name(name, key):
     X, exc, msg = ODD[name]
     with pytest.raises(exc, match=f"X.*{msg}|{msg}.*X" if name != "none" else "X: .*None"):
         fit_support(X, shape, **kw)
+
+
+@pytest.mark.parametrize("key", list(SOLVERS))
+def test_integer_points_are_converted_as_scikit_learn_does(key):
+    """Integer X is accepted and converted to float64 (issue 20): the same fit as the floats."""
+    shape, kw = SOLVERS[key]
+    Xi = np.random.default_rng(0).integers(-9, 10, size=(40, 3))
+    a = fit_support(Xi, shape, **kw)
+    b = fit_support(Xi.astype(np.float64), shape, **kw)
+    assert a.log_volume == pytest.approx(b.log_volume, rel=1e-9, abs=1e-9)
 
 
 def test_extreme_values_give_right_answers_or_a_named_error():

@@ -317,7 +317,8 @@ def test_cell_volumes_rare_event_matches_uniform_sampling(name):
     rng = np.random.default_rng(4)
     W = rng.standard_normal((10, 4)).astype(np.float32)
     support = _supports_for(4)[name]
-    cv = cell_volumes(Decoder(W), support, 100_000, seed=2, progress=False, n_chains=256)
+    cv = cell_volumes(Decoder(W), support, 100_000, seed=2, progress=False, n_chains=256,
+                      method="rare-event")  # every token split, for the cross-check
     assert cv.estimator == "rare-event"
     assert set(cv.token_method) <= {"rare-event", "empty"}
     hit = cv.counts > 300
@@ -335,7 +336,8 @@ def test_cell_volumes_token_sample_and_fallback():
 
     W, _ = cross_polytope(5)
     dec = Decoder(W)
-    cv = cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 2000, seed=0, progress=False, tokens=4, n_chains=64)
+    cv = cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 2000, seed=0, progress=False,
+                      tokens=4, n_chains=64, method="rare-event")
     est = cv.token_method == "rare-event"
     assert est.sum() == 4 and np.all(cv.token_method[~est] == "not estimated")
     assert np.all(np.isnan(cv.log_fractions[~est])) and np.all(np.isfinite(cv.log_fractions[est]))
@@ -345,7 +347,8 @@ def test_cell_volumes_token_sample_and_fallback():
 
     json.dumps(cv.to_dict())  # the summary stays JSON-able with the rare-event record
     # the same seed draws the same token sample
-    cv2 = cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 2000, seed=0, progress=False, tokens=4, n_chains=64)
+    cv2 = cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), 2000, seed=0, progress=False,
+                       tokens=4, n_chains=64, method="rare-event")
     assert np.array_equal(cv2.token_method, cv.token_method)
     # a box: cells are not cones through its centre -> uniform only, said so
     box = Box.from_params(-np.ones(5), np.ones(5))
@@ -382,7 +385,8 @@ def test_histogram_of_rare_event_log_shares(tmp_path):
     assert sum(p.get_height() for p in ax.patches) == 6
     # nats on a linear count axis, the estimator and its budget in the title
     assert ax.get_yscale() == "linear" and "nats" in ax.get_xlabel()
-    assert ax.get_title() == "decoder cell volumes: rare-event splitting, 64 chains per token"
+    assert ax.get_title() == ("decoder cell volumes: rare-event splitting, 64 chains per token; "
+                              "6 big cells by their uniform count of 500 samples")
     assert len(ax.patches) == 5  # sqrt(6) -> at least 5 bins, not 50
     xs = [p.get_x() for p in ax.patches]
     assert min(xs) == pytest.approx(float(cv.log_fractions[:6].min()))  # nats, not log10
@@ -421,3 +425,30 @@ def test_tiny_working_set_still_resolves():
         assert np.all(np.abs(r.log_share - full.log_share) < 4 * np.hypot(r.std_err, full.std_err) + 0.3)
     r = log_cone_gaussian_measure(W, [0], n_chains=64, seed=0, max_constraints=1, max_levels=1)
     assert r.side[0] == "unresolved" and np.isnan(r.log_share[0])
+
+
+def test_auto_keeps_the_count_where_it_is_tighter():
+    """Issue 22: big cells were split under method="auto" and came out worse than counting.
+    The cross-polytope in d = 5 has 10 cells of share exactly 1/10: with 20,000 samples the
+    count's log-error is about 0.02 nats, so auto keeps every count (token_method "uniform"),
+    where splitting at 128 chains was off by up to ~0.3 nats; a tiny cell still gets split."""
+    from embgeom.supports import Ball
+    from embgeom.volumes import _counts_suffice, cell_volumes
+
+    W, _ = cross_polytope(5)
+    cv = cell_volumes(Decoder(W), Ball.from_params(np.zeros(5), 1.0), 20_000, seed=0,
+                      progress=False)
+    assert cv.estimator == "rare-event" and list(cv.token_method) == ["uniform"] * 10
+    np.testing.assert_array_equal(cv.log_fractions, np.log(cv.counts / 20_000))
+    assert np.all(np.abs(cv.log_fractions - np.log(0.1)) < 0.1)
+    assert cv.extra["rare_event"]["n_by_counts"] == 10
+    lam = cv.cell_volume_rate(n_boot=0)  # the rate sees every sampled token
+    assert lam.rate == pytest.approx(np.log(10), abs=0.05)
+    # the rule, by hand: 20 hits of 20,000 (se 0.22) vs 10 levels of 128 chains (se 0.28)
+    assert _counts_suffice([20], 20_000, 128, 0.5)[0]
+    assert not _counts_suffice([5], 20_000, 128, 0.5)[0]  # se 0.45 vs 0.31: split
+    assert not _counts_suffice([0], 20_000, 128, 0.5)[0]
+    # forced splitting still splits them all
+    cs = cell_volumes(Decoder(W), Ball.from_params(np.zeros(5), 1.0), 2_000, seed=0,
+                      progress=False, method="rare-event", n_chains=64)
+    assert list(cs.token_method) == ["rare-event"] * 10

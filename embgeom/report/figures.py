@@ -241,7 +241,9 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     if ax is None:
         ax = _figure(7, 4).subplots()
     method = getattr(cv, "token_method", None)
-    rare = np.zeros(cv.counts.size, bool) if method is None else (np.asarray(method) == "rare-event")
+    is_rare = getattr(cv, "estimator", None) == "rare-event"
+    rare = (np.zeros(cv.counts.size, bool) if method is None or not is_rare else
+            np.isin(np.asarray(method), ("rare-event", "uniform")))  # the sampled, estimated
     if rare.any():  # rare-event log-shares: every estimated token, no zero-hit bar
         hit = rare
         n_empty = int((np.asarray(method) == "empty").sum())
@@ -252,7 +254,10 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
         x = cv.log_fractions[rare]
         info = (cv.extra or {}).get("rare_event")
         chains = info.get("n_chains") if isinstance(info, dict) else None
-        estimator = "rare-event splitting" + (f", {chains} chains per token" if chains else "")
+        n_counts = int((np.asarray(method) == "uniform").sum())
+        estimator = ("rare-event splitting" + (f", {chains} chains per token" if chains else "")
+                     + (f"; {n_counts:,} big cells by their uniform count of "
+                        f"{cv.n_samples:,} samples" if n_counts else ""))
     else:
         hit = cv.counts > 0
         label = f"{int(hit.sum()):,} tokens with hits"

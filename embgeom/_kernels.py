@@ -85,6 +85,7 @@ def argmax_fold(logits, bias, offset, best_val, best_idx, add_bias: bool = True)
 
 @njit(
     "void(float32[:, ::1], float32[::1], int64, float32[::1], int64[::1])",
+    readonly=(1,),
     nogil=True,
     fastmath=_FM,
 )
@@ -124,6 +125,7 @@ def running_argmax_update(logits, bias, offset, best_val, best_idx):
 
 @njit(
     "void(float32[:, ::1], float32[::1], int64, float32[::1], int64[::1], float32[::1], int64[::1])",
+    readonly=(1,),
     nogil=True,
     fastmath=_FM,
 )
@@ -172,7 +174,7 @@ def running_top2_update(logits, bias, offset, best_val, best_idx, second_val, se
         second_idx[i] = i2
 
 
-@njit("int64[::1](int64[::1], int64)", nogil=True)
+@njit("int64[::1](int64[::1], int64)", readonly=(0,), nogil=True)
 def count_tokens(idx, n_tokens):
     """Histogram of token ids: ``counts[t] = #{i : idx[i] == t}`` for ``t < n_tokens``.
 
@@ -190,7 +192,7 @@ def count_tokens(idx, n_tokens):
     return counts
 
 
-@njit("int64[:, ::1](float64[:, ::1], int64[::1], int64)", nogil=True)
+@njit("int64[:, ::1](float64[:, ::1], int64[::1], int64)", readonly=(0, 1), nogil=True)
 def topk_competitors(scores, own, k):
     """The ``k`` largest entries of each row of ``scores``, excluding column ``own[i]``.
 

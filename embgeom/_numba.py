@@ -13,6 +13,7 @@ machine without a writable home. There the kernels are compiled in memory instea
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numba
@@ -22,13 +23,36 @@ __all__ = ["njit"]
 _CACHE_WARNED = False
 
 
-def njit(signature, **options):
+def _with_readonly(signature, readonly: tuple) -> list:
+    """The signature and its variants with any subset of the ``readonly`` arguments read-only
+    (numba types a read-only array, e.g. a memory-mapped file or one from Ray's object store,
+    as its own type: a kernel compiled for writable arrays refuses it)."""
+    if not readonly:
+        return [signature]
+    from numba.core import sigutils
+
+    args, ret = sigutils.normalize_signature(signature)
+    ret = numba.types.none if ret is None else ret
+    sigs = []
+    for flags in itertools.product((False, True), repeat=len(readonly)):
+        a = list(args)
+        for i, ro in zip(readonly, flags):
+            if ro:
+                a[i] = a[i].copy(readonly=True)
+        sigs.append(ret(*a))
+    return sigs
+
+
+def njit(signature, *, readonly: tuple = (), **options):
     """``numba.njit(signature, cache=True, **options)``, without the cache where none is writable.
 
     Parameters
     ----------
     signature : str or numba signature
         The kernel's explicit signature (eager compilation at decoration).
+    readonly : tuple of int, default ()
+        Positions of array arguments the kernel only reads: it is also compiled for read-only
+        arrays there (memory-mapped inputs, Ray's object store), so they need no copy.
     **options
         Other ``numba.njit`` options (``nogil``, ``fastmath``, ...); not ``cache``, which this
         policy sets.
@@ -53,10 +77,12 @@ def njit(signature, **options):
     if "cache" in options:
         raise TypeError("cache: set by embgeom._numba.njit (cached where a location is writable)")
 
+    sigs = _with_readonly(signature, tuple(readonly))
+
     def decorate(func):
         global _CACHE_WARNED
         try:
-            return numba.njit(signature, cache=True, **options)(func)
+            return numba.njit(sigs, cache=True, **options)(func)
         except RuntimeError as exc:
             if "cannot cache" not in str(exc):
                 raise
@@ -69,6 +95,6 @@ def njit(signature, **options):
                     RuntimeWarning,
                     stacklevel=3,
                 )
-            return numba.njit(signature, cache=False, **options)(func)
+            return numba.njit(sigs, cache=False, **options)(func)
 
     return decorate

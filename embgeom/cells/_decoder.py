@@ -200,13 +200,11 @@ class Decoder:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        """Unpickle. A read-only ``bias_`` is copied (Ray's object store hands out read-only
-        numpy buffers and the numba kernels take writable ones); ``W_`` is only read, so it stays
-        shared (zero-copy) however large it is."""
+        """Unpickle. ``W_`` and ``bias_`` stay as they come, read-only ones included (Ray's
+        object store hands out read-only numpy buffers; every kernel that only reads an array
+        is compiled for read-only arrays too, :func:`embgeom._numba.njit`): zero-copy."""
         self.__dict__.update(state)
         self.__dict__.setdefault("_dups", {})
-        if self.bias_ is not None and not self.bias_.flags.writeable:
-            self.bias_ = self.bias_.copy()
 
     # ------------------------------------------------------------------ validation helpers
     def _check_H(self, H, name: str = "H") -> np.ndarray:

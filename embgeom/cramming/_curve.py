@@ -121,8 +121,14 @@ def _length_grid(lengths, adaptive: bool, max_length: int) -> list[int]:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path) -> dict:
-    """Finished per-target records keyed by (settings_hash, n_mem, length, target_index)."""
+def _read_jsonl(path, key=None) -> dict:
+    """Finished records of a JSONL file keyed by ``key(record)`` (default: the per-length key
+    ``(settings_hash, n_mem, length, target_index)``); a line cut short by an interrupted run
+    is skipped, and a later record of the same key wins."""
+    if key is None:
+        def key(r):
+            return (r.get("settings_hash"), r.get("n_mem"), r.get("length"),
+                    r.get("target_index"))
     done = {}
     if path is None or not os.path.exists(path):
         return done
@@ -135,8 +141,7 @@ def _read_jsonl(path) -> dict:
                 r = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by an interrupted run
                 continue
-            key = (r.get("settings_hash"), r.get("n_mem"), r.get("length"), r.get("target_index"))
-            done[key] = r
+            done[key(r)] = r
     return done
 
 

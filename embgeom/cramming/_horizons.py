@@ -52,7 +52,7 @@ from embgeom._hf import (
 from embgeom._validation import check_positive_int, seed_sequence
 
 from ._checks import greedy_generate
-from ._curve import _append_lines, _model_fingerprint, _settings_hash
+from ._curve import _append_lines, _model_fingerprint, _read_jsonl, _settings_hash
 from ._optimise import PRECISIONS, _embedding_stats, _model_forward
 from ._protocols import DEFAULT_PROTOCOL, CramProtocol, get_protocol
 from ._targets import _TAG_INIT, check_targets, sample_targets, source_descriptor
@@ -464,22 +464,7 @@ def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **
 
 def _read_records(path) -> dict:
     """Finished targets in a horizons JSONL file, keyed by (settings_hash, target_index)."""
-    import json
-
-    out = {}
-    if path is None or not os.path.exists(path):
-        return out
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by an interrupted run
-                continue
-            out[(r.get("settings_hash"), r.get("target_index"))] = r
-    return out
+    return _read_jsonl(path, key=lambda r: (r.get("settings_hash"), r.get("target_index")))
 
 
 def _targets_descriptor(T: np.ndarray) -> str:

@@ -135,8 +135,11 @@ class CramResult:
         ]
 
     def to_dict(self) -> dict:
-        """JSON-able summary (memory vectors left out)."""
-        return {
+        """JSON-able summary (memory vectors left out), through :mod:`embgeom._json` (a
+        non-finite loss or accuracy is ``null``)."""
+        from embgeom._json import to_jsonable
+
+        return to_jsonable({
             "n_mem": self.n_mem,
             "length": self.length,
             "dtype": self.dtype,
@@ -146,7 +149,7 @@ class CramResult:
             "generation_checked": self.generation_checked,
             "start_token": self.start_token,
             "targets": self.to_records(),
-        }
+        })
 
 
 # --------------------------------------------------------------------------------------------

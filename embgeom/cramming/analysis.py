@@ -68,9 +68,12 @@ class AccessibilityCurve:
         return wilson_interval(self.successes, self.trials)
 
     def to_dict(self) -> dict:
-        """JSON-able form: the arrays as lists, with accessibility and its interval."""
+        """JSON-able form: the arrays as lists, with accessibility and its interval (through
+        :mod:`embgeom._json`: non-finite numbers are ``null``)."""
+        from embgeom._json import to_jsonable
+
         lo, hi = self.intervals
-        return {
+        return to_jsonable({
             "n_mem": int(self.n_mem),
             "lengths": self.lengths.tolist(),
             "successes": self.successes.tolist(),
@@ -80,7 +83,7 @@ class AccessibilityCurve:
             "lower": lo.tolist(),
             "upper": hi.tolist(),
             "settings": self.settings,
-        }
+        })
 
 
 def _curve_arrays(curve):
@@ -513,4 +516,6 @@ class HorizonCurve:
             n, p, lo, hi = self.accessibility()
             out.update(n50=self.n50(), lengths=n.tolist(), accessibility=p.tolist(),
                        lower=lo.tolist(), upper=hi.tolist())
-        return out
+        from embgeom._json import to_jsonable
+
+        return to_jsonable(out)

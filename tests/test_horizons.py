@@ -320,3 +320,22 @@ def test_targets_longer_than_the_model_are_refused_by_name():
         horizons(m, 2, n_targets=1, max_length=20)
     with pytest.raises(ValueError, match="targets: .* exceed the model's maximum"):
         cram(m, np.ones((1, 20), np.int64), 1, steps=1)
+
+
+def test_mixed_batches_resume_a_torn_record_with_the_same_partners(tiny, tmp_path):
+    from embgeom.cramming import mixed_curves
+
+    kw = dict(n_batches=2, steps=40, lr=1e-2, check_generation=False, progress=False)
+    path = tmp_path / "m.jsonl"
+    mixed_curves(tiny, {1: [4, 6], 2: [6]}, 3, jsonl=path, **kw)
+    whole = path.read_text().splitlines()
+    path.write_text("\n".join(whole[:-1]) + "\n" + whole[-1][:30])
+    mixed_curves(tiny, {1: [4, 6], 2: [6]}, 3, jsonl=path, **kw)
+    good = [x for x in path.read_text().splitlines() if x.startswith("{") and x.endswith("}")]
+    key = lambda r: (r["n_mem"], r["length"], r["target_index"])  # noqa: E731
+    a = {key(json.loads(x)): json.loads(x) for x in whole}
+    b = {key(json.loads(x)): json.loads(x) for x in good}
+    assert sorted(a) == sorted(b) and len(good) == len(whole)
+    for k in a:
+        assert (a[k]["loss"], a[k]["steps"], a[k]["memory_norm"]) == \
+            (b[k]["loss"], b[k]["steps"], b[k]["memory_norm"]), k

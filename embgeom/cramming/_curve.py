@@ -339,7 +339,7 @@ def _take(res, sel) -> "object":
 
 
 def _cram_mixed_batch(model, stores: dict, rows: list, *, target_source, seed, start,
-                      options: dict) -> None:
+                      options: dict, write=None) -> None:
     """Cram the rows ``(m, n, j)`` (target j of length n with m memory vectors) in one batch
     and record each in its m's store, exactly as :class:`_LengthRunner` would (same targets,
     same initial memory vectors; only the padding of the batch differs)."""
@@ -350,7 +350,8 @@ def _cram_mixed_batch(model, stores: dict, rows: list, *, target_source, seed, s
                **options)
     groups: dict = {}
     for r, (m, n, j) in enumerate(rows):
-        groups.setdefault((m, n), []).append((r, j))
+        if write is None or (m, n, j) in write:
+            groups.setdefault((m, n), []).append((r, j))
     for (m, n), items in groups.items():
         sel = np.array([r for r, _ in items])
         stores[m].add(n, [j for _, j in items], _take(res, sel))
@@ -484,13 +485,18 @@ def mixed_curves(model, lengths: dict, n_targets: int, *, n_batches: int = 1,
         cram_kwargs=cram_kwargs)
     seed = settings["seed"]
     stores = {m: _ResumeStore(jsonl, settings, m) for m in grid}
-    rows = sorted(((m, n, j) for m, ns in grid.items() for n in ns
-                   for j in stores[m].missing(n, n_targets)),
+    # the batches are fixed by the whole grid, not by what is missing: a batch with a missing
+    # row is re-run whole with its original partners (batched float32 is not exactly
+    # batch-independent) and only its missing rows are recorded, so a resumed run equals the
+    # uninterrupted one record for record
+    rows = sorted(((m, n, j) for m, ns in grid.items() for n in ns for j in range(n_targets)),
                   key=lambda r: (r[0] + r[1], r))
     for idx in np.array_split(np.arange(len(rows)), n_batches):
-        if len(idx):
-            _cram_mixed_batch(model, stores, [rows[i] for i in idx], target_source=target_source,
-                              seed=seed, start=start, options=options)
+        batch = [rows[i] for i in idx]
+        write = {r for r in batch if stores[r[0]]._key(r[1], r[2]) not in stores[r[0]].records}
+        if write:
+            _cram_mixed_batch(model, stores, batch, target_source=target_source, seed=seed,
+                              start=start, options=options, write=write)
     return {m: _curve_from_store(stores[m], grid[m], n_targets, settings, False) for m in grid}
 
 

@@ -59,7 +59,7 @@ ratios, from interleaved rounds, are what to read. ``--rounds 3 --steps 2``:
   first Adam moment matches the full loss's to 5.7e-4 relative in float32 (8e-8 on a float64
   tiny model: rounding, not a different gradient).
 - One float32 target-step is 17.64 GFLOP (FlopCounterMode, which does not count the CPU SDPA
-  kernel), equal to ``_cram_protocol.step_flops`` without attention. GEMM 2048^3 in the same
+  kernel), equal to ``cramming._gpu_protocol.step_flops`` without attention. GEMM 2048^3 in the same
   run: float32 29, bf16 123 GFLOP/s (4.2x; bf16 small GEMMs gain more, up to ~30x, in a
   separate probe).
 - 1 vs 2 threads: no difference under this load (each process gets about one core); on a quiet
@@ -69,7 +69,7 @@ ratios, from interleaved rounds, are what to read. ``--rounds 3 --steps 2``:
   first step (compiling forward and backward) took 156 s (75 s with inductor's cache warm),
   and the compiled steps after it 20-40 s each against ~7 s eager: not pursued on this CPU
   (``--compile`` re-measures it; a shrinking batch also recompiles). On a GPU, compilation
-  or CUDA graphs address the launch overhead instead (see ``embgeom/_cram_protocol.py``).
+  or CUDA graphs address the launch overhead instead (see ``embgeom/cramming/_gpu_protocol.py``).
 
 Verdicts (``--verdicts float32|bf16-autocast --lengths 8 --verdict-steps 300``, then
 ``--compare``; SmolLM2, m = 1, 8 targets at n = 8, seed 0, lr 1e-2, judged in float32):
@@ -354,7 +354,7 @@ def speed(lm, *, n=32, B=8, rounds=3, steps=2, compile_=False, seed=0) -> dict:
     s = Stepper(hf, emb, start, T, 1, seed=seed)
     with FlopCounterMode(display=False) as fc:
         s.step()
-    from embgeom._cram_protocol import ModelDims, step_flops
+    from embgeom.cramming._gpu_protocol import ModelDims, step_flops
 
     dims = ModelDims.from_config(hf.config)
     analytic = step_flops(dims, 1 + 1 + n - 1, n, attention=False) / 1e9  # what the counter sees
@@ -379,7 +379,7 @@ def print_speed(r: dict) -> None:
           f"loss: Adam first moment rel. diff {r['fused_vs_full_grad_rel_err']:.1e}, ce diff "
           f"{r['fused_vs_full_ce_err']:.1e}")
     print(f"one float32 target-step {r['gflop_per_target_step']:.2f} GFLOP (FlopCounterMode; "
-          f"_cram_protocol.step_flops without attention: {r['gflop_per_target_step_analytic']:.2f}); GEMM "
+          f"_gpu_protocol.step_flops without attention: {r['gflop_per_target_step_analytic']:.2f}); GEMM "
           f"2048^3: float32 {r['gemm_gflops_float32']:.0f}, bf16 {r['gemm_gflops_bf16']:.0f} GFLOP/s")
 
 

@@ -437,7 +437,7 @@ def _cram_kwargs(args) -> dict:
                     weight_decay=d["weight_decay"], patience=d["patience"])
     if args.adaptive:
         raise UsageError("--adaptive: the paper protocol runs a fixed grid of lengths")
-    from ._cram_protocol import paper_protocol, run_cram_kwargs
+    from .cramming._gpu_protocol import paper_protocol, run_cram_kwargs
 
     kw = run_cram_kwargs(paper_protocol(str(args.model)))
     renamed = {"mem": "mems"}

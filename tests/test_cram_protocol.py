@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embgeom import cramming
-from embgeom._cram_protocol import (
+from embgeom.cramming._gpu_protocol import (
     C_EMP_GUESS, H200, MODEL_DIMS, PAPER_OPTIMISER, ModelDims, estimate_seconds, paper_protocol,
     step_flops,
 )
@@ -168,7 +168,7 @@ def test_model_dims_match_smollm2s_own_file():
 def test_run_kwargs_batches_are_the_timed_buckets(model, monkeypatch):
     """run_cram_kwargs hands run_cram the paper's constants, and the mixed batches that
     mixed_curves then forms are exactly the buckets estimate_seconds timed."""
-    from embgeom._cram_protocol import run_cram_kwargs
+    from embgeom.cramming._gpu_protocol import run_cram_kwargs
     from embgeom.cramming import _curve
 
     p = paper_protocol(model)

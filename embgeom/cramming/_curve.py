@@ -449,7 +449,7 @@ def mixed_curves(model, lengths: dict, n_targets: int, *, n_batches: int = 1,
     ``(m, n, j)`` are sorted by input length ``m + n`` and split into ``n_batches`` batches of
     mixed m and n (:func:`cram` with rows of different m and n). On a GPU, where a step of a
     small model costs about the same for 8 rows as for 200, this is what makes a whole grid
-    fit in one run (:mod:`embgeom._cram_protocol`). Padding changes the float rounding of a
+    fit in one run (:mod:`embgeom.cramming._gpu_protocol`). Padding changes the float rounding of a
     row's arithmetic, not its maths.
 
     Parameters

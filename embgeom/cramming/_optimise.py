@@ -643,7 +643,7 @@ def cram(
         Adam's epsilon (>= 0).
     weight_decay : float, default 0.0
         Decoupled weight decay (AdamW, as ``torch.optim.AdamW``): ``P <- P (1 - lr wd)`` before
-        each update; >= 0. Kuratov et al. use 0.01 (:mod:`embgeom._cram_protocol`).
+        each update; >= 0. Kuratov et al. use 0.01 (:mod:`embgeom.cramming._gpu_protocol`).
     patience : int or None, default None
         Stop a target once its best teacher-forced accuracy has not risen for this many steps
         (>= 1); None: never (the target runs until 100% or ``steps``). Kuratov et al. use 2000.

@@ -203,7 +203,7 @@ def run_cram(
         ``lengths``, no adaptive search): the GPU layout of ``embgeom cram --protocol paper``.
     protocol : dict, optional
         A description of the preset the settings came from (e.g.
-        :func:`embgeom._cram_protocol.paper_protocol`), stored in the summary.
+        :func:`embgeom.cramming._gpu_protocol.paper_protocol`), stored in the summary.
     plot : bool, default True
     n_boot : int, default 200
         Bootstrap draws of :func:`n50`.

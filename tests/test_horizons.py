@@ -339,3 +339,49 @@ def test_mixed_batches_resume_a_torn_record_with_the_same_partners(tiny, tmp_pat
     for k in a:
         assert (a[k]["loss"], a[k]["steps"], a[k]["memory_norm"]) == \
             (b[k]["loss"], b[k]["steps"], b[k]["memory_norm"]), k
+
+
+# ------------------------------------------------------------------ a new user's findings
+
+
+def test_bad_init_scale_and_job_arguments_are_named(tiny, tmp_path):
+    from embgeom.cramming import run_horizons
+
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="init_scale"):
+            horizons(tiny, 1, n_targets=2, max_length=3, init_scale=bad)
+    with pytest.raises(TypeError, match="init_scale"):
+        horizons(tiny, 1, n_targets=2, max_length=3, init_scale="1")
+    kw = dict(n_targets=2, max_length=3, steps_per_length=5, progress=False)
+    with pytest.raises(ValueError, match="max_length: no length for m = \\[1\\]"):
+        run_horizons(tiny, [1, 2], tmp_path / "a", **{**kw, "max_length": {2: 3}})
+    with pytest.raises(TypeError, match="converged"):
+        run_horizons(tiny, [1], tmp_path / "b", converged="yes", **kw)
+    with pytest.raises(ValueError, match="c_theory"):
+        run_horizons(tiny, [1], tmp_path / "c", c_theory=float("nan"), **kw)
+    with pytest.raises(TypeError, match="plot"):
+        run_horizons(tiny, [1], tmp_path / "d", plot="no", **kw)
+    with pytest.raises(ValueError, match="out_dir"):
+        run_horizons(tiny, [1], None, **kw)
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "cram_summary.json").write_text('{"model": "x", "n50": {}}')
+    with pytest.raises(ValueError, match="another run's cram_summary"):
+        run_horizons(tiny, [1], tmp_path / "e", **kw)
+
+
+def test_n50_is_a_lower_bound_when_a_censored_horizon_sets_the_median():
+    recs = [{"target_index": i, "horizon": h, "censored": c}
+            for i, (h, c) in enumerate([(3, False), (7, False), (8, True), (8, True)])]
+    r = HorizonCurve.from_records(recs, n_mem=2, max_length=8).n50()
+    assert r["n50"] == 7.5 and r["censored"]  # the upper middle horizon is censored
+    recs[2]["censored"] = False
+    assert not HorizonCurve.from_records(recs, n_mem=2, max_length=8).n50()["censored"]
+
+
+def test_accessibility_refuses_lengths_never_tried():
+    c = HorizonCurve.from_records([{"target_index": 0, "horizon": 3}], n_mem=1, max_length=8)
+    with pytest.raises(ValueError, match="lengths"):
+        c.accessibility([100])
+    with pytest.raises(TypeError, match="lengths"):
+        c.accessibility([2.7])
+    assert "records" not in repr(c) and "memory" not in repr(c)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from embgeom._hf import dtype_name, model_device_dtype, unwrap
-from embgeom._validation import check_positive_int
+from embgeom._validation import check_positive, check_positive_int
 
 from ._horizons import horizons
 from ._protocols import DEFAULT_PROTOCOL, get_protocol
@@ -109,9 +109,34 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
     if not ms:
         raise ValueError("mems: expected at least one number of memory vectors")
     proto = get_protocol(protocol)
+    if isinstance(max_length, dict):
+        missing = [m for m in ms if m not in max_length]
+        if missing:
+            raise ValueError(f"max_length: no length for m = {missing}")
     lengths = {m: check_positive_int(max_length[m] if isinstance(max_length, dict)
                                      else max_length, "max_length") for m in ms}
+    if converged is not None and not (isinstance(converged, dict) and "converged" in converged):
+        raise TypeError("converged: expected None or a budget_converged() result (a dict with "
+                        f"'converged'), got {type(converged).__name__}")
+    if c_theory is not None:
+        c_theory = check_positive(c_theory, "c_theory")
+    for flag, fname in ((plot, "plot"), (progress, "progress")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{fname}: expected True or False, got {flag!r}")
+    if out_dir is None or (isinstance(out_dir, str) and not out_dir.strip()):
+        raise ValueError(f"out_dir: expected a folder path, got {out_dir!r}")
     out = _check_out_dir(out_dir)
+    prior = out / "cram_summary.json"
+    if prior.is_file():
+        import json
+
+        try:
+            kind = json.loads(prior.read_text()).get("kind")
+        except (ValueError, OSError, AttributeError):
+            kind = None
+        if kind != "horizons":
+            raise ValueError(f"out_dir: {str(out)!r} holds another run's cram_summary.json (not "
+                             "a horizons run); choose another folder")
     model = _load(model_name)
     hf, _, name, _ = unwrap(model)
     out.mkdir(parents=True, exist_ok=True)

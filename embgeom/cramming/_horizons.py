@@ -49,7 +49,7 @@ from embgeom._hf import (
     unwrap,
     vocab_rows,
 )
-from embgeom._validation import check_positive_int, seed_sequence
+from embgeom._validation import check_positive, check_positive_int, seed_sequence
 
 from ._checks import greedy_generate
 from ._curve import _append_lines, _model_fingerprint, _read_jsonl, _settings_hash
@@ -538,6 +538,7 @@ def horizons(
         False: restart from the initialisation at every length (each length then runs as a
         fresh per-length run of the same budget: the check against per-length curves).
     init_scale : float, default 1.0
+        Finite and > 0 (as :func:`cram`).
     precision : {"float32", "bf16-autocast"}, default "float32"
     jsonl : path, optional
         One JSON line per finished target; a rerun with the same settings skips those and
@@ -588,6 +589,7 @@ def horizons(
     if not isinstance(precision, str) or precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
     proto = get_protocol(protocol)
+    init_scale = check_positive(init_scale, "init_scale")
     hf, tok, name, _ = unwrap(model)
     emb = input_embeddings(hf)
     vocab = vocab_rows(hf)

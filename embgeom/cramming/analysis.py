@@ -412,12 +412,12 @@ class HorizonCurve:
     censored: np.ndarray
     max_length: int
     n_targets: int
-    records: list = field(default_factory=list)
-    settings: dict = field(default_factory=dict)
+    records: list = field(default_factory=list, repr=False)
+    settings: dict = field(default_factory=dict, repr=False)
     n_boot: int = 1000
     seed: int = 0
-    memory: dict = field(default_factory=dict)
-    targets: np.ndarray | None = None
+    memory: dict = field(default_factory=dict, repr=False)
+    targets: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def from_records(cls, records, *, n_mem: int, max_length: int, n_targets: int | None = None,
@@ -449,12 +449,18 @@ class HorizonCurve:
     def accessibility(self, lengths=None):
         """``(lengths, P(h >= n), lower, upper)``: the curve with Wilson 95% intervals.
 
-        ``lengths`` default: 1 .. max_length. float64 arrays of shape (K,) (lengths int64).
+        ``lengths`` default: 1 .. max_length; integers in [1, max_length] (past ``max_length``
+        nothing was tried: a ValueError names ``lengths``). float64 arrays of shape (K,)
+        (lengths int64).
         """
         from embgeom._stats import wilson_interval
 
-        n = np.arange(1, self.max_length + 1) if lengths is None else \
-            np.asarray(lengths, np.int64)
+        if lengths is None:
+            n = np.arange(1, self.max_length + 1)
+        else:
+            from embgeom._validation import check_int_array
+
+            n = check_int_array(lengths, "lengths", ndim=1, low=1, high=self.max_length + 1)
         N = self.horizons.size
         if N == 0:
             raise ValueError("horizons: no finished target yet")
@@ -494,7 +500,10 @@ class HorizonCurve:
             lo, hi = (float(np.quantile(boots, q, method="inverted_cdf")) for q in (a, 1 - a))
         else:
             lo = hi = float("nan")
-        cens = bool(np.any(self.censored & (self.horizons <= med)))
+        # a censored horizon is a lower bound: n50 is one too when raising the censored
+        # horizons without limit would change the median
+        cens = bool(self.censored.any() and
+                    float(np.median(np.where(self.censored, np.inf, h))) != med)
         return {"n50": med, "lower": lo, "upper": hi, "n_targets": int(h.size),
                 "censored": cens, "confidence": confidence, "n_boot": self.n_boot}
 

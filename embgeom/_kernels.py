@@ -14,15 +14,13 @@ increasing id order and only a strictly larger value replaces the running best, 
 ties go to the lowest token id.
 
 :meth:`embgeom.cells.Decoder.assign` folds with :func:`argmax_fold`, plain numpy: numpy's
-``argmax`` over float32 rows is hand-vectorised (about 16e9 elements/s on one core of the
-development machine, against 0.6e9 for the numba loop below, which LLVM leaves scalar), and with
-the product at full speed the fold's share of the time is what decides whether assign reaches
-the blocked-GEMM roofline (``benchmarks/bench_cell_volumes.py``). The numba argmax stays as the
-reference it is tested against.
+``argmax`` over float32 rows is hand-vectorised, where LLVM leaves the numba loop below scalar,
+and with the product at full speed the fold's share of the time decides whether assign reaches
+the blocked-GEMM roofline (measured in ``benchmarks/bench_cell_volumes.py``). The numba argmax
+stays as the reference it is tested against.
 
 All kernels are compiled with ``nogil=True`` and run serially: the matrix product that feeds them
-already uses every core through BLAS, and these kernels cost a few percent of it (see
-``benchmarks/bench_cell_volumes.py``). They are compiled by :func:`embgeom._numba.njit`,
+already uses every core through BLAS, and these kernels cost a few percent of it. They are compiled by :func:`embgeom._numba.njit`,
 the package's one compile policy: numba's on-disk cache where a cache location is writable,
 compiled in memory (one ``RuntimeWarning``) where none is.
 """

@@ -23,12 +23,9 @@ __all__ = ["Decoder", "POINT_BLOCK", "VOCAB_BLOCK"]
 #: ``benchmarks/bench_cell_volumes.py``).
 POINT_BLOCK = 2048
 #: Default number of tokens per block: the (POINT_BLOCK, VOCAB_BLOCK) float32 logits buffer is
-#: 128 MiB, kept between calls (one per thread, see ``Decoder._scratch_buffer``). With the fold
-#: at numpy's SIMD argmax speed the product alone sets the pace: on SmolLM2's W, 2 cores, one
-#: interleaved run (``benchmarks/bench_cell_volumes.py``, background jobs paused), assign ran at
-#: 0.95x of the best full-vocabulary blocked GEMM alone and 0.97x of blocked matmul + argmax;
-#: (1024, 16384), (512, 49152) and (4096, 16384) all gave 0.94x. Allocating the buffer per call
-#: instead (page faults on first touch) gave 0.73x.
+#: 128 MiB, kept between calls (one per thread, see ``Decoder._scratch_buffer``); the block
+#: sizes and their measured speed against the plain blocked GEMM are in ``docs/performance.md``
+#: (``benchmarks/bench_cell_volumes.py``).
 VOCAB_BLOCK = 16384
 
 #: Rows whose Cauchy-Schwarz bound on ``|W h + b|`` reaches this go to the float64 path.
@@ -400,8 +397,7 @@ class Decoder:
     # ------------------------------------------------------------------ blocked product
     def _scratch_buffer(self, size: int) -> np.ndarray:
         """This thread's flat float32 logits buffer of at least ``size`` entries, kept between
-        calls: a fresh 128 MiB ``np.empty`` per call costs its page faults on first touch, which
-        measured 25% of a 2,048-point ``assign`` on SmolLM2 (``benchmarks/bench_cell_volumes.py``)."""
+        calls: a fresh 128 MiB ``np.empty`` per call pays its page faults on first touch."""
         local = self.__dict__.get("_scratch")
         if local is None:  # unpickled, or built by a subclass that skipped __init__
             local = self._scratch = threading.local()

@@ -105,8 +105,7 @@ def _unit_rows(region: "_Region") -> "_Region":
     Dividing every logit ``w_s . h + b_s`` by the same positive number changes no cell, no
     argmax and no LP's feasibility, so every LP of the library (the scan, the Chebyshev centre)
     sees rows of norm about 1 whatever the scale of ``W``: HiGHS reads coefficients near 1e30 as
-    a model error (issue 21: a planted interior token came out "undecided" from W x 1e20 up),
-    and its tolerances are absolute. Exact (a power of two), so the answers are those of the
+    a model error, and its tolerances are absolute. Exact (a power of two), so the answers are those of the
     unscaled problem.
     """
     norms = np.linalg.norm(region.Wr, axis=1)

@@ -42,8 +42,8 @@ _log = logging.getLogger(__name__)
 #: lower bound on its contained share of the fresh sample is at least ``heldout_min`` (299 fresh
 #: states all inside are the least that can pass; the default draws 2,004, ``--quick`` 300).
 #: ``cell_samples``: Monte Carlo samples for the cell shares; ``cell_tokens``: the seeded token
-#: sample given rare-event log-shares (issue 16: >= 1,000 for lambda; 0.49 s per SmolLM2 token on
-#: 2 quiet cores, 1.75 s under heavy load, so 8-30 minutes); ``shapes``: the supports fitted
+#: sample given rare-event log-shares (>= 1,000 for lambda; the cost per token is in
+#: ``docs/performance.md``); ``shapes``: the supports fitted
 #: (the ellipsoid and the principal-axes box need well over d hidden states, so ``--quick``
 #: leaves them out). The paper used lengths 4..4096 and 10,000 sequences per length (GPU).
 REPORT_SIZES = {

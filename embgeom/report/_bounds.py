@@ -42,6 +42,54 @@ def _binding_term(terms: dict) -> str:
     return min(rig, key=rig.get)
 
 
+def _log_packings(supports: dict, d: int, rinf: float, eps_paper: float, eps_dtype: float):
+    """Per support: log packing numbers at the paper's and the dtype's precision, the paper's
+    closed form, the support kind, the binding term, and the errors of supports that cannot be
+    bounded (recorded, not raised). Without a ``"cube"`` support, Theorem 4.5's cube
+    ``[-rinf, rinf]^d`` stands in."""
+    kinds, errors, binding = {}, {}, {}
+    lp_paper, lp_dtype, lp_formula = {}, {}, {}
+    if CUBE not in supports:
+        lp_paper[CUBE] = theorem45_log_count(d, 1, rinf, eps_paper)
+        lp_dtype[CUBE] = theorem45_log_count(d, 1, rinf, eps_dtype)
+        lp_formula[CUBE] = lp_paper[CUBE]
+        kinds[CUBE], binding[CUBE] = "box (cube)", "vinf_box"
+    for name, sup in supports.items():
+        try:
+            terms = packing_bound_terms(sup, eps_paper)
+            lp_paper[name] = log_packing_number(sup, eps_paper)
+            lp_dtype[name] = log_packing_number(sup, eps_dtype)
+            lp_formula[name] = float(terms["paper"])
+            binding[name] = _binding_term(terms)
+            kinds[name] = "box (cube)" if name == CUBE else type(sup).__name__
+        except (TypeError, ValueError, AttributeError) as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return lp_paper, lp_dtype, lp_formula, kinds, binding, errors
+
+
+def _bounds_figures(out: Path, lp_paper: dict, slope: dict, candidates: list, tight, V: int,
+                    lam, c_emp, is_valid: dict, m_max: int) -> dict:
+    """``accessible_fraction.png`` (when a valid support exists) and ``linear_law.png`` in
+    ``out``; returns their file names by figure. ``lam`` is the usable lambda or None,
+    ``c_emp`` the cramming measurement or None."""
+    figs = {}
+    if tight is not None:
+        # the valid supports (at most three, tightest first; the cube only when alone): each
+        # panel then spans the few tokens where their bounds fall, not the cube's far cliff
+        shown = sorted((k for k in candidates if k != CUBE), key=lp_paper.get)[:3] or [tight]
+        curves = {f"{k} (log|V|)": (lp_paper[k], None) for k in shown}
+        if lam is not None:
+            curves[f"{tight} (lambda = {lam:.3g})"] = (lp_paper[tight], lam)
+        figs["accessible_fraction"] = Path(figures.plot_accessible_fraction(
+            curves, V, out / "accessible_fraction.png", m_values=(1, 2, 4, 8),
+            measured=c_emp.get("curves") if c_emp else None)).name
+    law = {k: slope[k] for k in lp_paper if is_valid[k]}
+    ref = {} if law else {k: slope[k] for k in lp_paper}
+    figs["linear_law"] = Path(figures.plot_linear_law(
+        law, out / "linear_law.png", m_max=m_max, reference=ref, c_emp=c_emp)).name
+    return figs
+
+
 def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractions=None,
                           lower=None, upper=None, published_c_emp=None, out_dir=".", *,
                           dtype="float32", k_max: int = 32, n_samples=None,
@@ -116,23 +164,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     logV = math.log(V)
     eps_paper = precision_eps(rinf, 11)
     eps_dtype = precision_eps(rinf, dtype)
-    kinds, errors, binding = {}, {}, {}
-    lp_paper, lp_dtype, lp_formula = {}, {}, {}
-    if CUBE not in (supports or {}):
-        lp_paper[CUBE] = theorem45_log_count(d, 1, rinf, eps_paper)
-        lp_dtype[CUBE] = theorem45_log_count(d, 1, rinf, eps_dtype)
-        lp_formula[CUBE] = lp_paper[CUBE]
-        kinds[CUBE], binding[CUBE] = "box (cube)", "vinf_box"
-    for name, sup in (supports or {}).items():
-        try:
-            terms = packing_bound_terms(sup, eps_paper)
-            lp_paper[name] = log_packing_number(sup, eps_paper)
-            lp_dtype[name] = log_packing_number(sup, eps_dtype)
-            lp_formula[name] = float(terms["paper"])
-            binding[name] = _binding_term(terms)
-            kinds[name] = "box (cube)" if name == CUBE else type(sup).__name__
-        except (TypeError, ValueError, AttributeError) as exc:
-            errors[name] = f"{type(exc).__name__}: {exc}"
+    lp_paper, lp_dtype, lp_formula, kinds, binding, errors = _log_packings(
+        supports or {}, d, rinf, eps_paper, eps_dtype)
     rate, lam = None, None
     if fractions is not None:
         rate = cell_volume_rate(fractions, k_max, lower=lower, upper=upper, n_samples=n_samples)
@@ -163,22 +196,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     exceeds = [k for k in lp_paper if slope_formula[k] > slope[k] * (1 + 1e-9)
                and not k.endswith(CONFORMAL_SUFFIX)]
 
-    figs = {}
-    if tight is not None:
-        # the valid supports (at most three, tightest first; the cube only when alone): each
-        # panel then spans the few tokens where their bounds fall, not the cube's far cliff
-        shown = sorted((k for k in candidates if k != CUBE), key=lp_paper.get)[:3] or [tight]
-        curves = {f"{k} (log|V|)": (lp_paper[k], None) for k in shown}
-        if usable:
-            curves[f"{tight} (lambda = {lam:.3g})"] = (lp_paper[tight], lam)
-        figs["accessible_fraction"] = Path(figures.plot_accessible_fraction(
-            curves, V, out / "accessible_fraction.png", m_values=(1, 2, 4, 8),
-            measured=c.get("curves") if ce else None)).name
-    law = {k: slope[k] for k in lp_paper if is_valid[k]}
-    ref = {} if law else {k: slope[k] for k in lp_paper}
-    figs["linear_law"] = Path(figures.plot_linear_law(
-        law, out / "linear_law.png", m_max=max(m_values), reference=ref,
-        c_emp=c if ce else None)).name
+    figs = _bounds_figures(out, lp_paper, slope, candidates, tight, V, lam if usable else None,
+                           c if ce else None, is_valid, max(m_values))
 
     section = {
         "eps": {"paper": eps_paper, "dtype": eps_dtype, "dtype_name": str(dtype), "rinf": rinf},

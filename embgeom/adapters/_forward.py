@@ -1,0 +1,385 @@
+"""Forward probing: last-position hidden states and logits of a causal LM, and the once-per-model
+check that the adapter's formula ``s * (W h + b)`` gives the model's own logits.
+
+Imports :mod:`._head` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import weakref
+
+import numpy as np
+import torch
+
+from .._hf import base_model as _base_model
+from .._hf import config_vocab as _config_vocab
+from .._hf import measuring as _measuring
+from .._hf import output_embeddings as _output_embeddings
+from .._hf import unwrap as _unwrap
+from .._validation import check_int_array
+from ._head import _architecture, _final_norm_of, _find_final_norm, _logit_scale, _softcap
+
+__all__ = ["hidden_states", "logits"]
+
+_log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Hidden states and logits
+# --------------------------------------------------------------------------------------------
+
+
+def _check_ids(input_ids, attention_mask, n_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    arr = check_int_array(input_ids, "input_ids", ndim=(1, 2), low=0, high=n_rows)
+    if arr.ndim == 1:
+        arr = arr[None]
+    if arr.shape[1] == 0:
+        raise ValueError(f"input_ids: expected a non-empty (batch, length) array, got {arr.shape}")
+    ids = torch.from_numpy(arr)
+    mask = None
+    if attention_mask is not None:
+        mask = torch.as_tensor(np.asarray(attention_mask) if not isinstance(attention_mask, torch.Tensor)
+                               else attention_mask.detach().cpu())
+        if mask.ndim == 1:
+            mask = mask.unsqueeze(0)
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise ValueError(f"attention_mask: expected shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        mask = mask.to(torch.long)
+        if not bool(((mask == 0) | (mask == 1)).all()) or bool((mask.sum(1) == 0).any()):
+            raise ValueError("attention_mask: expected 0/1 entries with at least one 1 per row")
+    return ids, mask
+
+
+def _last_index(mask: torch.Tensor | None, length: int, batch: int) -> torch.Tensor:
+    """Index of the last attended position of each row (right padding), or ``length - 1``."""
+    if mask is None:
+        return torch.full((batch,), length - 1, dtype=torch.long)
+    return length - 1 - torch.argmax(torch.flip(mask, dims=[1]), dim=1)
+
+
+def _position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only: ``max(cumsum(mask) - 1, 0)``.
+
+    With left padding the first real token gets position 0, as in the unpadded sequence (what
+    ``generate`` passes); models with absolute position embeddings (GPT-2, OPT, XGLM) need it.
+    """
+    return (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts(forward_cls: type, name: str) -> bool:
+    try:
+        return name in inspect.signature(forward_cls.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+
+
+def _call_kwargs(module, ids: torch.Tensor, mask: torch.Tensor | None) -> dict:
+    kw = {"input_ids": ids, "use_cache": False}
+    if mask is not None:
+        kw["attention_mask"] = mask
+        if _accepts(type(module), "position_ids"):
+            kw["position_ids"] = _position_ids(mask)
+    return kw
+
+
+def _base_last_hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``base_model(...).last_hidden_state`` at each row's last attended position, (B, d)."""
+    base = _base_model(hf)
+    with _measuring(hf), torch.inference_mode():
+        out = base(**_call_kwargs(base, ids, mask))
+        last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        idx = _last_index(mask, ids.shape[1], ids.shape[0])
+        return last[torch.arange(ids.shape[0]), idx]
+
+
+def _own_last_logits(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The model's own forward pass, logits at each row's last attended position, (B, cols)."""
+    kw = _call_kwargs(hf, ids, mask)
+    keep_last = mask is None or bool(mask[:, -1].all())
+    if keep_last and _accepts(type(hf), "logits_to_keep"):
+        kw["logits_to_keep"] = 1
+    with _measuring(hf), torch.inference_mode():
+        z = hf(**kw).logits
+        if z.shape[1] == 1:
+            return z[:, 0]
+        idx = _last_index(mask, ids.shape[1], ids.shape[0])
+        return z[torch.arange(ids.shape[0]), idx]
+
+
+def _by_row(fn, hf, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``fn`` on each row's attended tokens without padding, rows of equal length batched.
+
+    Only for masks that are one contiguous run of ones per row (left or right padding).
+    """
+    first = torch.argmax(mask, dim=1)
+    last = _last_index(mask, ids.shape[1], ids.shape[0])
+    counts = mask.sum(dim=1)
+    holes = torch.nonzero(counts != last - first + 1).flatten()
+    if holes.numel():
+        raise ValueError(
+            f"attention_mask: {_architecture(hf)} does not give the hidden states of the unpadded "
+            "sequences in a padded batch, so each row's mask must be one run of ones (left or "
+            f"right padding); row {int(holes[0])} has zeros between ones"
+        )
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(counts.tolist()):
+        groups.setdefault(n, []).append(i)
+    out = None
+    for n, rows in groups.items():
+        sub = torch.stack([ids[i, int(first[i]):int(first[i]) + n] for i in rows])
+        res = fn(hf, sub, None)
+        if out is None:
+            out = res.new_empty((ids.shape[0],) + tuple(res.shape[1:]))
+        out[rows] = res
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """What the probe in :func:`_check_model` established about one model object."""
+
+    key: tuple
+    padding_ok: bool  # a padded batch (mask + position ids) reproduces the unpadded rows
+    error: str | None  # why the adapter refuses the model, None if it does not
+
+
+_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, _Checked]" = weakref.WeakKeyDictionary()
+_PROBE_LENGTH, _PROBE_PAD = 6, 3
+
+
+def _model_key(hf) -> tuple:
+    """What the check's verdict depends on, and only that: the head module and its weight's
+    storage and dtype, the final norm, the configured logit scale and soft-cap, the attention
+    implementation (it decides how padded batches behave). A swapped head or norm re-runs the
+    check. The training flag is not part of it: the probe runs in eval mode whatever the
+    caller's mode (:func:`embgeom._hf.measuring`), so a verdict holds in either mode."""
+    out = _output_embeddings(hf)
+    norm = _find_final_norm(hf)
+    return (id(out), out.weight.data_ptr(), tuple(out.weight.shape), out.weight.dtype, id(norm),
+            _logit_scale(hf), _softcap(hf), getattr(hf.config, "_attn_implementation", None))
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return float("inf")
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    diff = float((a - b).abs().max()) if b.numel() else 0.0
+    return 0.0 if diff == 0.0 else diff / max(scale, 1e-30)
+
+
+def _check_model(hf, *, require: bool = True) -> _Checked:
+    """Check, once per model object, that the adapter's formula gives the model's own logits.
+
+    On a fixed probe batch (two rows of :data:`_PROBE_LENGTH` token ids, seeded): (1) the final
+    norm's output at the last position is the base model's last hidden state ``h``; (2)
+    ``s * (W h + b)``, soft-capped, equals the model's own last-position logits; (3) the same
+    rows, one left- and one right-padded by :data:`_PROBE_PAD`, give the same ``h`` through a
+    padded batch. (1) and (2) are required: with ``require`` a failure is a ValueError naming
+    the architecture. (3) only decides how padded batches are run (batched, or row by row
+    without the padding). Tolerance: 1e-3 of the largest magnitude for float32 weights, 3e-2
+    for 16-bit weights.
+    """
+    _output_embeddings(hf)  # TypeError for a model without a head (not an architecture issue)
+    try:
+        _base_model(hf)
+    except TypeError as exc:
+        raise ValueError(f"model: {_architecture(hf)} is not supported: {exc}") from None
+    key = _model_key(hf)
+    hit = _CHECKED.get(hf)
+    if hit is None or hit.key != key:
+        ids = _probe_ids(hf)
+        error, h = _probe_head(hf, ids)
+        hit = _Checked(key=key, padding_ok=_probe_padding(hf, ids, h), error=error)
+        _CHECKED[hf] = hit
+    if require and hit.error is not None:
+        raise ValueError(hit.error)
+    return hit
+
+
+def _probe_ids(hf) -> torch.Tensor:
+    vocab = max(1, min(int(_output_embeddings(hf).weight.shape[0]), _config_vocab(hf)))
+    return torch.randint(0, vocab, (2, _PROBE_LENGTH), generator=torch.Generator().manual_seed(0))
+
+
+def _probe_tol(hf) -> float:
+    low_precision = _output_embeddings(hf).weight.dtype in (torch.float16, torch.bfloat16)
+    return 3e-2 if low_precision else 1e-3
+
+
+def _probe_head(hf, ids: torch.Tensor) -> tuple[str | None, torch.Tensor | None]:
+    """Checks (1) and (2) of :func:`_check_model` on ``ids``: (``None`` or why the model is
+    refused, the last hidden states ``h`` of ``ids`` or ``None`` if they were not computed)."""
+    arch = _architecture(hf)
+    try:
+        _final_norm_of(hf)
+    except ValueError as exc:
+        return str(exc), None
+    out = _output_embeddings(hf)
+    n_rows = out.weight.shape[0]
+    tol = _probe_tol(hf)
+    norm = _find_final_norm(hf)
+    seen: list[torch.Tensor] = []
+    handle = None
+    if norm is not None:
+        handle = norm.register_forward_hook(lambda mod, args, res: seen.append(
+            (res[0] if isinstance(res, tuple) else res).detach()))
+    try:
+        h = _base_last_hidden(hf, ids, None)
+    finally:
+        if handle is not None:
+            handle.remove()
+    if norm is not None:
+        normed = seen[-1][:, -1] if seen and seen[-1].ndim == 3 else None
+        if normed is None or normed.shape != h.shape or not _rel_err(h, normed) <= tol:
+            return (
+                f"model: {arch} is not supported: the output of its final norm "
+                f"({type(norm).__name__}) is not the hidden state its head receives (a projection "
+                "or another transform sits between them), so the final-norm facts would be wrong"
+            ), h
+    if out.weight.shape[1] != h.shape[-1]:
+        return (
+            f"model: {arch} is not supported: its unembedding takes vectors of dimension "
+            f"{out.weight.shape[1]} but its last hidden state has {h.shape[-1]} (a projection "
+            "between them that the adapter does not model)"
+        ), h
+    z_own = _own_last_logits(hf, ids, None)
+    if z_own.shape != (2, n_rows):
+        return (
+            f"model: {arch} is not supported: its logits have {z_own.shape[-1]} columns but its "
+            f"output projection has {n_rows} rows"
+        ), h
+    z = h.to(torch.float64) @ out.weight.detach().to(torch.float64).T
+    b = getattr(out, "bias", None)
+    if isinstance(b, torch.Tensor):
+        z = z + b.detach().to(torch.float64)
+    scale, cap = _logit_scale(hf), _softcap(hf)
+    z = z * scale
+    if cap is not None:
+        z = cap * torch.tanh(z / cap)
+    err = _rel_err(z, z_own)
+    if not err <= tol:
+        return (
+            f"model: {arch} is not supported: s * (W h + b) from its last hidden state (s = "
+            f"{scale:g}, soft-cap {cap}) differs from the model's own logits by {err:.2g} of "
+            "their scale; the model applies something between the final hidden state and the "
+            "unembedding that the adapter does not model (supported: final norm, W, output bias, "
+            "logit scale, final-logit soft-cap)"
+        ), h
+    return None, h
+
+
+def _probe_padding(hf, ids: torch.Tensor, h: torch.Tensor | None) -> bool:
+    """Check (3) of :func:`_check_model`: does a padded batch of ``ids`` reproduce their
+    unpadded last hidden states ``h`` (computed here when ``None``)?"""
+    pad = torch.zeros((2, _PROBE_PAD), dtype=torch.long)
+    one = torch.ones((2, _PROBE_LENGTH), dtype=torch.long)
+    padded = torch.cat([torch.cat([pad[:1], ids[:1]], 1), torch.cat([ids[1:], pad[1:]], 1)])
+    mask = torch.cat([torch.cat([pad[:1], one[:1]], 1), torch.cat([one[1:], pad[1:]], 1)])
+    try:
+        if h is None:
+            h = _base_last_hidden(hf, ids, None)
+        return _rel_err(_base_last_hidden(hf, padded, mask), h) <= _probe_tol(hf)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot run a padded batch at all
+        _log.debug("padded probe of %s failed (%s); padded batches run row by row",
+                   _architecture(hf), exc)
+        return False
+
+
+def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
+    """Last-position final hidden states, after the final norm: the vectors multiplied by ``W``.
+
+    Parameters
+    ----------
+    model : LoadedModel or transformers.PreTrainedModel
+    input_ids : array_like of int, shape (B, L) or (L,)
+        Token ids in ``[0, n_rows)``.
+    attention_mask : array_like of {0, 1}, shape (B, L), optional
+        Left or right padding: the "last position" of a row is its last attended one, and
+        positions are counted over attended tokens (``max(cumsum(mask) - 1, 0)``), so a padded
+        row gives the hidden state of the unpadded sequence.
+
+    Returns
+    -------
+    numpy.ndarray of shape (B, d), float32
+        ``h`` such that the model's last-position logits are ``s * (W h + b)`` (soft-capped for
+        Gemma 2/3), see :meth:`Unembedding.logits`; checked against the model's own logits on a
+        probe batch before use, and in ``tests/test_adapter_architectures.py`` for dozens of
+        architectures, with and without padding.
+
+    Raises
+    ------
+    TypeError
+        Not a model or not integer ids.
+    ValueError
+        Empty ids, ids out of range, a mask of the wrong shape or content; an architecture whose
+        logits the adapter does not reproduce (named, see :func:`unembedding`); a mask with
+        zeros between ones for a model that does not handle padding in a batch.
+
+    Notes
+    -----
+    Computed as ``base_model(...).last_hidden_state`` in eval mode (no dropout, also for a
+    model left in training mode, whose flags are restored after), under
+    ``torch.inference_mode``, with autocast off and a float32 default dtype (see
+    :func:`embgeom._hf.measuring`); the full ``(B, L, |V|)`` logits are never formed. Models whose padded batches do not reproduce the
+    unpadded rows on the probe (e.g. RWKV, which ignores the mask) are run row by row without
+    the padding, rows of equal length batched.
+    """
+    hf, _, _, _ = _unwrap(model)
+    n_rows = _output_embeddings(hf).weight.shape[0]
+    ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    _check_model(hf)
+    return _hidden(hf, ids, mask).numpy()
+
+
+def _hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is not None and bool(mask.all()):
+        mask = None
+    if mask is not None and not _check_model(hf, require=False).padding_ok:
+        h = _by_row(_base_last_hidden, hf, ids, mask)
+    else:
+        h = _base_last_hidden(hf, ids, mask)
+    return h.to(torch.float32).cpu().clone()
+
+
+def logits(model, input_ids, attention_mask=None) -> np.ndarray:
+    """The model's own last-position logits (its full forward pass, head and soft-cap included).
+
+    Parameters
+    ----------
+    model : LoadedModel or transformers.PreTrainedModel
+    input_ids : array_like of int, shape (B, L) or (L,)
+    attention_mask : array_like of {0, 1}, shape (B, L), optional
+        As in :func:`hidden_states`: positions are counted over attended tokens, and a model
+        that does not handle padding in a batch is run row by row without it.
+
+    Returns
+    -------
+    numpy.ndarray of shape (B, n_rows), float32
+        In nats, exactly what the model's forward pass returns at the last attended position,
+        run in eval mode without autocast (:func:`embgeom._hf.measuring`), whatever the
+        caller's mode, autocast and default dtype.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`hidden_states` (bad ids or mask); the architecture is not checked, since these
+        are the model's own logits.
+    """
+    hf, _, _, _ = _unwrap(model)
+    n_rows = _output_embeddings(hf).weight.shape[0]
+    ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    if mask is not None and bool(mask.all()):
+        mask = None
+    if mask is not None and not _check_model(hf, require=False).padding_ok:
+        z = _by_row(_own_last_logits, hf, ids, mask)
+    else:
+        z = _own_last_logits(hf, ids, mask)
+    return z.to(torch.float32).cpu().numpy()
+
+

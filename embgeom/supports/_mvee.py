@@ -144,8 +144,6 @@ def todd_yildirim(Z: np.ndarray, tol: float = 1e-7, max_iter: int = 1_000_000, s
     n_iter : int
         Steps taken.
     """
-    from scipy.linalg.blas import dger
-
     n, d = Z.shape
     m = d + 1
     Q = np.empty((n, m))
@@ -154,20 +152,11 @@ def todd_yildirim(Z: np.ndarray, tol: float = 1e-7, max_iter: int = 1_000_000, s
     u = np.zeros(n)
     core = kumar_yildirim_init(Z, np.random.default_rng(seed))
     u[core] = 1.0 / core.size
-
-    def refresh(u):
-        act = np.flatnonzero(u > 0)
-        M = Q[act].T @ (u[act, None] * Q[act])
-        Minv = np.linalg.inv(M)
-        Minv = 0.5 * (Minv + Minv.T)
-        om = np.einsum("ij,ij->i", Q @ Minv, Q)
-        return Minv, om
-
     try:
-        Minv, om = refresh(u)
+        Minv, om = _ty_refresh(Q, u)
     except np.linalg.LinAlgError:
         u[:] = 1.0 / n
-        Minv, om = refresh(u)
+        Minv, om = _ty_refresh(Q, u)
     k = 1 if m <= 64 else 32
     steps = 0
     batches = 0
@@ -186,78 +175,114 @@ def todd_yildirim(Z: np.ndarray, tol: float = 1e-7, max_iter: int = 1_000_000, s
         if eps <= tol:
             if fresh:
                 break
-            Minv, om = refresh(u)
+            Minv, om = _ty_refresh(Q, u)
             fresh = True
             continue
         fresh = False
-        kk = min(k, n)
-        up = np.argpartition(-v_up, kk - 1)[:kk] if kk < n else np.arange(n)
-        act_idx = np.flatnonzero(active)
-        kd = min(max(k // 2, 1), act_idx.size)
-        dn = act_idx[np.argpartition(-v_dn[act_idx], kd - 1)[:kd]] if kd < act_idx.size else act_idx
-        B = np.unique(np.concatenate([up, dn]))
-        G = np.asfortranarray(Minv @ Q[B].T)  # (m, b): M^{-1} q_B, stored scaled by 1/s
-        V = np.asfortranarray(Q @ G)  # (n, b): Q M^{-1} q_B, stored scaled by 1/s
-        s = 1.0
-        used, coefs = [], []
-        scale = 1.0
-        for _ in range(2 * B.size):
-            omB = om[B]
-            cu = omB / m - 1.0
-            cd = np.where(u[B] > 0, 1.0 - omB / m, -np.inf)
-            lu, ld = int(np.argmax(cu)), int(np.argmax(cd))
-            lcol, viol = (lu, cu[lu]) if cu[lu] >= cd[ld] else (ld, cd[ld])
-            worst = max(float(om.max()) / m - 1.0, 1.0 - float(om[u > 0].min()) / m)
-            if viol <= tol or viol < 0.5 * worst:
-                break
-            j = int(B[lcol])
-            w = om[j]
-            lam = (w - m) / (m * (w - 1.0))
-            if lam < 0:
-                lam = max(lam, -u[j] / (1.0 - u[j]))  # drop step: u_j reaches 0
-            den = (1.0 - lam) + lam * w
-            vj = V[:, lcol] * s
-            row = V[B, lcol].copy()
-            gj = G[:, lcol] * s
-            om = (om - (lam / den) * vj * vj) / (1.0 - lam)
-            a = -(lam / den) * s
-            V = dger(a, V[:, lcol].copy(), row, a=V, overwrite_a=1)
-            G = dger(a, G[:, lcol].copy(), row, a=G, overwrite_a=1)
-            s /= 1.0 - lam
-            # M^{-1}_t = (M^{-1}_{t-1} - (lam/den) g g^T) / (1 - lam), accumulated in product form
-            coefs = [c / (1.0 - lam) for c in coefs]
-            coefs.append(lam / den / (1.0 - lam))
-            used.append(gj)
-            scale /= 1.0 - lam
-            u *= 1.0 - lam
-            u[j] += lam
-            if u[j] < 0:
-                u[j] = 0.0
-            steps += 1
-        if used:
-            Gu = np.array(used).T
-            Minv = scale * Minv - (Gu * np.asarray(coefs)) @ Gu.T
-            Minv = 0.5 * (Minv + Minv.T)
+        B = _ty_candidates(v_up, v_dn, active, k)
+        u, om, Minv, taken = _ty_batch(Q, u, om, Minv, B, tol)
+        steps += taken
         batches += 1
         if bar is not None:
-            bar.update(len(used))
+            bar.update(taken)
             bar.set_postfix(eps=f"{eps:.2e}")
         if batches % (200 if k == 1 else 25) == 0:  # refresh against drift
             u = np.clip(u, 0, None)
             u /= u.sum()
-            Minv, om = refresh(u)
+            Minv, om = _ty_refresh(Q, u)
             fresh = True
     if bar is not None:
         bar.close()
     u = np.clip(u, 0, None)
     u /= u.sum()
     try:
-        _, om = refresh(u)
+        _, om = _ty_refresh(Q, u)
         act = u > 0
         eps = max(float(om.max()) / m - 1.0, 1.0 - float(om[act].min()) / m)
     except np.linalg.LinAlgError:  # pragma: no cover - the weights span the points by construction
         eps = float("inf")
     return u, float(eps), steps
+
+
+def _ty_refresh(Q: np.ndarray, u: np.ndarray):
+    """``M(u)^{-1}`` (symmetrised) and the Mahalanobis norms ``omega = diag(Q M^{-1} Q^T)``,
+    from scratch; raises ``LinAlgError`` when the active points do not span ``R^m``."""
+    act = np.flatnonzero(u > 0)
+    M = Q[act].T @ (u[act, None] * Q[act])
+    Minv = np.linalg.inv(M)
+    Minv = 0.5 * (Minv + Minv.T)
+    return Minv, np.einsum("ij,ij->i", Q @ Minv, Q)
+
+
+def _ty_candidates(v_up: np.ndarray, v_dn: np.ndarray, active: np.ndarray, k: int) -> np.ndarray:
+    """The batch's candidate points: the ``k`` worst increase violations ``v_up`` and the
+    ``max(k // 2, 1)`` worst decrease violations ``v_dn`` among the active points, sorted."""
+    n = v_up.size
+    kk = min(k, n)
+    up = np.argpartition(-v_up, kk - 1)[:kk] if kk < n else np.arange(n)
+    act_idx = np.flatnonzero(active)
+    kd = min(max(k // 2, 1), act_idx.size)
+    dn = act_idx[np.argpartition(-v_dn[act_idx], kd - 1)[:kd]] if kd < act_idx.size else act_idx
+    return np.unique(np.concatenate([up, dn]))
+
+
+def _ty_batch(Q: np.ndarray, u: np.ndarray, om: np.ndarray, Minv: np.ndarray, B: np.ndarray,
+              tol: float):
+    """Up to ``2 |B|`` Todd-Yildirim steps on the candidates ``B``, with exact line searches.
+
+    ``Q M^{-1} q_B`` and ``M^{-1} q_B`` are formed once (two GEMMs) and kept current by rank-one
+    BLAS updates, stored scaled by ``1 / s``; ``omega`` follows by Sherman-Morrison, and
+    ``M^{-1}`` is updated once at the end, in product form. The batch ends when its best
+    candidate violates the optimality conditions by at most ``tol`` or by less than half of the
+    worst point overall. ``u`` is updated in place; returns ``(u, omega, M^{-1}, steps)``.
+    """
+    from scipy.linalg.blas import dger
+
+    m = Q.shape[1]
+    G = np.asfortranarray(Minv @ Q[B].T)  # (m, b): M^{-1} q_B, stored scaled by 1/s
+    V = np.asfortranarray(Q @ G)  # (n, b): Q M^{-1} q_B, stored scaled by 1/s
+    s = 1.0
+    used, coefs = [], []
+    scale = 1.0
+    steps = 0
+    for _ in range(2 * B.size):
+        omB = om[B]
+        cu = omB / m - 1.0
+        cd = np.where(u[B] > 0, 1.0 - omB / m, -np.inf)
+        lu, ld = int(np.argmax(cu)), int(np.argmax(cd))
+        lcol, viol = (lu, cu[lu]) if cu[lu] >= cd[ld] else (ld, cd[ld])
+        worst = max(float(om.max()) / m - 1.0, 1.0 - float(om[u > 0].min()) / m)
+        if viol <= tol or viol < 0.5 * worst:
+            break
+        j = int(B[lcol])
+        w = om[j]
+        lam = (w - m) / (m * (w - 1.0))
+        if lam < 0:
+            lam = max(lam, -u[j] / (1.0 - u[j]))  # drop step: u_j reaches 0
+        den = (1.0 - lam) + lam * w
+        vj = V[:, lcol] * s
+        row = V[B, lcol].copy()
+        gj = G[:, lcol] * s
+        om = (om - (lam / den) * vj * vj) / (1.0 - lam)
+        a = -(lam / den) * s
+        V = dger(a, V[:, lcol].copy(), row, a=V, overwrite_a=1)
+        G = dger(a, G[:, lcol].copy(), row, a=G, overwrite_a=1)
+        s /= 1.0 - lam
+        # M^{-1}_t = (M^{-1}_{t-1} - (lam/den) g g^T) / (1 - lam), accumulated in product form
+        coefs = [c / (1.0 - lam) for c in coefs]
+        coefs.append(lam / den / (1.0 - lam))
+        used.append(gj)
+        scale /= 1.0 - lam
+        u *= 1.0 - lam
+        u[j] += lam
+        if u[j] < 0:
+            u[j] = 0.0
+        steps += 1
+    if used:
+        Gu = np.array(used).T
+        Minv = scale * Minv - (Gu * np.asarray(coefs)) @ Gu.T
+        Minv = 0.5 * (Minv + Minv.T)
+    return u, om, Minv, steps
 
 
 def _from_weights(Z: np.ndarray, u: np.ndarray):

@@ -505,6 +505,68 @@ def _check_logs(log_fractions, log_lower, log_upper, vocab_size):
     return x, lo, hi, V
 
 
+def _log_total(v: np.ndarray, V: int) -> float:
+    """``log(|V| mean_t exp(v_t))``: the estimated log of the shares' sum (0 when proper)."""
+    from scipy.special import logsumexp
+
+    return float(logsumexp(v) + math.log(V) - math.log(v.size))
+
+
+def _normalised(v: np.ndarray, V: int, norm: bool) -> np.ndarray:
+    """The log-shares divided by their estimated sum when ``norm``, else as given."""
+    return v - _log_total(v, V) if norm else v
+
+
+def _log_share_bootstrap(x, lo, unresolved, empty, V: int, norm: bool, sample: bool, ks,
+                         n_boot: int, confidence: float, token_confidence: float,
+                         max_support: int, exact_limit: int, rng):
+    """The bootstrap of :func:`cell_volume_rate_from_logs` (its Notes, *Interval*).
+
+    Returns ``(rate_bootstrap, rate_ci, ci_includes, log_total_ci)``: the replicates' (mean,
+    std), their percentile interval at ``confidence``, the parts of the error included, and the
+    percentile interval of the estimated log-sum.
+    """
+    from scipy import stats
+
+    n = x.size
+    se = np.zeros(n)
+    includes = []
+    if lo is not None:
+        z = float(stats.norm.ppf(0.5 + token_confidence / 2))
+        ok = ~unresolved & ~empty & np.isfinite(lo)
+        se[ok] = (x[ok] - lo[ok]) / z
+    if sample:
+        includes.append(f"token sampling (bootstrap over the {n} sampled tokens of {V})")
+    if np.any(se > 0):
+        includes.append("per-token Monte Carlo error (each log-share redrawn from its interval)")
+    if norm:
+        includes.append("renormalisation (each replicate divided by its own estimated sum)")
+    vals = np.empty(n_boot)
+    totals = np.empty(n_boot)
+    for b in range(n_boot):
+        idx = rng.integers(0, n, n) if sample else np.arange(n)
+        xb = x[idx]
+        if np.any(se > 0):
+            with np.errstate(invalid="ignore"):
+                xb = np.minimum(xb + se[idx] * rng.standard_normal(n), 0.0)
+            xb = np.where(np.isneginf(x[idx]), -np.inf, xb)
+        # replicates on a coarser grid (<= 1024 atoms: a few hundredths of a nat per atom on
+        # real models, far below the sampling spread) and exact only at k = 1: the cost
+        totals[b] = _log_total(xb, V)
+        pb = _median_curve(_normalised(xb, V, norm), ks.size, min(max_support, 1024),
+                           min(exact_limit, n), which=("point",))[0]
+        vals[b] = _fit_rate(ks, -pb)[0]
+    alpha = 1.0 - float(confidence)
+
+    def q(v, p):  # an order statistic, not an interpolation: an infinite rate (proven-empty
+        return float(np.quantile(v, p, method="inverted_cdf"))  # cells drawn) stays inf
+
+    ci = (q(vals, alpha / 2), q(vals, 1 - alpha / 2))
+    with np.errstate(invalid="ignore"):  # inf replicates: mean inf, spread nan
+        boot = (float(np.mean(vals)), float(np.std(vals, ddof=1)) if n_boot > 1 else 0.0)
+    return boot, ci, includes, (q(totals, alpha / 2), q(totals, 1 - alpha / 2))
+
+
 def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None, log_upper=None,
                                vocab_size=None, normalize="auto", n_boot: int = 200,
                                confidence: float = 0.95, token_confidence: float = 0.95,
@@ -620,60 +682,15 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     if empty.all():
         raise ValueError("log_fractions: every cell is empty (-inf): no share to draw")
     ks = np.arange(1, k_max + 1)
-
-    def log_total_of(v: np.ndarray) -> float:
-        from scipy.special import logsumexp
-
-        return float(logsumexp(v) + math.log(V) - math.log(v.size))
-
-    def prep(v: np.ndarray) -> np.ndarray:
-        return v - log_total_of(v) if norm else v
-
-    xn = prep(x)
+    xn = _normalised(x, V, norm)
     point, low, high, exact_k = _median_curve(xn, k_max, max_support, exact_limit)
     slope, icpt, r2, s0, r20 = _fit_rate(ks, -point)
     bracket = (_fit_rate(ks, -high)[0], _fit_rate(ks, -low)[0])
-
     boot, ci, includes, total_ci = None, None, [], None
     if n_boot > 0:
-        from scipy import stats
-
-        rng = check_seed(seed)
-        se = np.zeros(n)
-        if lo is not None:
-            z = float(stats.norm.ppf(0.5 + token_confidence / 2))
-            ok = ~unresolved & ~empty & np.isfinite(lo)
-            se[ok] = (x[ok] - lo[ok]) / z
-        if sample:
-            includes.append(f"token sampling (bootstrap over the {n} sampled tokens of {V})")
-        if np.any(se > 0):
-            includes.append("per-token Monte Carlo error (each log-share redrawn from its interval)")
-        if norm:
-            includes.append("renormalisation (each replicate divided by its own estimated sum)")
-        vals = np.empty(n_boot)
-        totals = np.empty(n_boot)
-        for b in range(n_boot):
-            idx = rng.integers(0, n, n) if sample else np.arange(n)
-            xb = x[idx]
-            if np.any(se > 0):
-                with np.errstate(invalid="ignore"):
-                    xb = np.minimum(xb + se[idx] * rng.standard_normal(n), 0.0)
-                xb = np.where(np.isneginf(x[idx]), -np.inf, xb)
-            # replicates on a coarser grid (<= 1024 atoms: a few hundredths of a nat per atom on
-            # real models, far below the sampling spread) and exact only at k = 1: the cost
-            totals[b] = log_total_of(xb)
-            pb = _median_curve(prep(xb), k_max, min(max_support, 1024), min(exact_limit, n),
-                               which=("point",))[0]
-            vals[b] = _fit_rate(ks, -pb)[0]
-        alpha = 1.0 - float(confidence)
-
-        def q(v, p):  # an order statistic, not an interpolation: an infinite rate (proven-empty
-            return float(np.quantile(v, p, method="inverted_cdf"))  # cells drawn) stays inf
-
-        ci = (q(vals, alpha / 2), q(vals, 1 - alpha / 2))
-        with np.errstate(invalid="ignore"):  # inf replicates: mean inf, spread nan
-            boot = (float(np.mean(vals)), float(np.std(vals, ddof=1)) if n_boot > 1 else 0.0)
-        total_ci = (q(totals, alpha / 2), q(totals, 1 - alpha / 2))
+        boot, ci, includes, total_ci = _log_share_bootstrap(
+            x, lo, unresolved, empty, V, norm, sample, ks, n_boot, confidence, token_confidence,
+            max_support, exact_limit, check_seed(seed))
     with np.errstate(invalid="ignore"):
         asym = float(-np.mean(xn))
     return CellVolumeRate(
@@ -682,7 +699,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
         log_median=point, log_median_low=low, log_median_high=high, rate_bracket=bracket,
         rate_interval=None, rate_bootstrap=boot, rate_asymptotic=asym, log_vocab=math.log(V),
         n_zero=0, zero_fill="none", exact_k=exact_k, vocab_size=int(V), n_tokens_used=int(n),
-        token_sample=bool(sample), normalized=bool(norm), log_total=log_total_of(x),
+        token_sample=bool(sample), normalized=bool(norm), log_total=_log_total(x, V),
         rate_ci=ci, ci_level=float(confidence) if ci else None, ci_includes=includes,
         n_unresolved=int(unresolved.sum()), n_empty=int(empty.sum()), log_total_ci=total_ci,
     )

@@ -306,13 +306,37 @@ def measuring(module: torch.nn.Module, *, grad: bool = False):
 
 
 def _text_config(hf):
-    cfg = hf.config
+    """``hf.config`` (its text config for multimodal configs).
+
+    Raises
+    ------
+    UnsupportedModelError
+        A module without a ``config`` (a plain ``torch.nn.Module``).
+    """
+    cfg = getattr(hf, "config", None)
+    if cfg is None:
+        raise UnsupportedModelError(
+            f"model: {type(hf).__name__} has no config, so it is not a Hugging Face model; pass a "
+            "causal language model with an unembedding (a transformers *ForCausalLM model)"
+        )
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def config_vocab(hf) -> int:
-    """``config.vocab_size`` (of the text config for multimodal configs)."""
-    return int(_text_config(hf).vocab_size)
+    """``config.vocab_size`` (of the text config for multimodal configs).
+
+    Raises
+    ------
+    UnsupportedModelError
+        No config, or a config without a positive integer ``vocab_size``.
+    """
+    v = getattr(_text_config(hf), "vocab_size", None)
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+        raise UnsupportedModelError(
+            f"model: the config of {type(hf).__name__} has vocab_size = {v!r}; expected a "
+            "positive integer (a language model's vocabulary)"
+        )
+    return int(v)
 
 
 def vocab_rows(hf) -> int:

@@ -73,6 +73,7 @@ ACCEPTED = {
 }
 
 # model_type -> what the refusal must say (besides the architecture's class name)
+_ENCODER_FAMILIES = ("bert", "roberta", "rembert")  # bidirectional unless is_decoder=True
 REFUSED = {
     "bert": "differs from the model's own logits",  # dense + GELU + LayerNorm transform head
     "roberta": "differs from the model's own logits",
@@ -157,7 +158,9 @@ def test_logit_scale_and_softcap_are_recorded():
 @pytest.mark.filterwarnings("ignore:Mean of empty slice")  # nanochat: _describe_norm on a weightless norm
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_adapter_refuses_what_it_cannot_reproduce(model_type):
-    model = _tiny(model_type, {})
+    # BERT-like heads are causal only as decoders (is_decoder=True); otherwise the earlier
+    # refusal, "not a causal language model", comes first (tests/test_adapter_kinds.py)
+    model = _tiny(model_type, {"is_decoder": True} if model_type in _ENCODER_FAMILIES else {})
     arch = type(model).__name__
     for call in (lambda: unembedding(model), lambda: hidden_states(model, [[1, 2, 3]])):
         with pytest.raises(ValueError, match=arch) as info:
@@ -168,7 +171,7 @@ def test_adapter_refuses_what_it_cannot_reproduce(model_type):
 def test_refused_transform_head_really_differs():
     """The refusal of BERT is justified: W h + b from the base model's last hidden state is not
     the model's logits (its head applies dense + GELU + LayerNorm first)."""
-    model = _tiny("bert", {})
+    model = _tiny("bert", {"is_decoder": True})
     ids = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         h = model.base_model(input_ids=ids).last_hidden_state[:, -1].double()

@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 import torch
 
+from .._hf import UnsupportedModelError
 from .._hf import base_model as _base_model
 from .._hf import config_vocab as _config_vocab
 from .._hf import measuring as _measuring
@@ -31,6 +32,34 @@ _log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------
 # Hidden states and logits
 # --------------------------------------------------------------------------------------------
+
+
+_EXPECTED = ("pass a decoder-only causal language model with an unembedding (an lm_head), e.g. a "
+             "transformers *ForCausalLM model, or an embgeom LoadedModel")
+
+
+def _causal_lm(model, *, head: bool = True):
+    """``_hf.unwrap(model)`` after the structural checks every adapter entry point makes.
+
+    Raises
+    ------
+    embgeom._hf.UnsupportedModelError (a TypeError and a ValueError)
+        ``model`` is not a torch module or a wrapper of one, has no ``config`` (a plain
+        ``nn.Module``), is an encoder-decoder model (T5, BART), or (with ``head``) has no
+        unembedding (a base model, a classifier). Each message starts with ``model:``.
+    """
+    hf, tokenizer, name, source_dtype = _unwrap(model)
+    if getattr(hf, "config", None) is None:
+        raise UnsupportedModelError(
+            f"model: {type(hf).__name__} has no config, so it is not a Hugging Face model; "
+            + _EXPECTED)
+    if getattr(hf.config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            f"model: {_architecture(hf)} is an encoder-decoder model (its last hidden state is "
+            "the decoder's, given an encoder input); " + _EXPECTED)
+    if head:
+        _output_embeddings(hf)  # UnsupportedModelError naming the missing unembedding
+    return hf, tokenizer, name, source_dtype
 
 
 def _check_ids(input_ids, attention_mask, n_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -87,14 +116,19 @@ def _call_kwargs(module, ids: torch.Tensor, mask: torch.Tensor | None) -> dict:
     return kw
 
 
-def _base_last_hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """``base_model(...).last_hidden_state`` at each row's last attended position, (B, d)."""
+def _base_sequence(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``base_model(...).last_hidden_state`` at every position, (B, L, d)."""
     base = _base_model(hf)
     with _measuring(hf), torch.inference_mode():
         out = base(**_call_kwargs(base, ids, mask))
-        last = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        idx = _last_index(mask, ids.shape[1], ids.shape[0])
-        return last[torch.arange(ids.shape[0]), idx]
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def _base_last_hidden(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``base_model(...).last_hidden_state`` at each row's last attended position, (B, d)."""
+    last = _base_sequence(hf, ids, mask)
+    idx = _last_index(mask, ids.shape[1], ids.shape[0])
+    return last[torch.arange(ids.shape[0]), idx]
 
 
 def _own_last_logits(hf, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -146,10 +180,12 @@ class _Checked:
     key: tuple
     padding_ok: bool  # a padded batch (mask + position ids) reproduces the unpadded rows
     error: str | None  # why the adapter refuses the model, None if it does not
+    causal_error: str | None = None  # why the model is not causal (then ``error`` says so too)
 
 
 _CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, _Checked]" = weakref.WeakKeyDictionary()
 _PROBE_LENGTH, _PROBE_PAD = 6, 3
+_CAUSAL_TOL = {False: 1e-6, True: 1e-3}  # relative, for float32 / 16-bit weights
 
 
 def _model_key(hf) -> tuple:
@@ -176,16 +212,18 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def _check_model(hf, *, require: bool = True) -> _Checked:
     """Check, once per model object, that the adapter's formula gives the model's own logits.
 
-    On a fixed probe batch (two rows of :data:`_PROBE_LENGTH` token ids, seeded): (1) the final
+    On a fixed probe batch (two rows of :data:`_PROBE_LENGTH` token ids, seeded): (0) the model
+    is causal: changing the last token changes no earlier position's hidden state (a
+    bidirectional encoder such as BERT fails); (1) the final
     norm's output at the last position is the base model's last hidden state ``h``; (2)
     ``s * (W h + b)``, soft-capped, equals the model's own last-position logits; (3) the same
     rows, one left- and one right-padded by :data:`_PROBE_PAD`, give the same ``h`` through a
-    padded batch. (1) and (2) are required: with ``require`` a failure is a ValueError naming
-    the architecture. (3) only decides how padded batches are run (batched, or row by row
+    padded batch. (0), (1) and (2) are required: with ``require`` a failure is a ValueError
+    naming the architecture. (3) only decides how padded batches are run (batched, or row by row
     without the padding). Tolerance: 1e-3 of the largest magnitude for float32 weights, 3e-2
     for 16-bit weights.
     """
-    _output_embeddings(hf)  # TypeError for a model without a head (not an architecture issue)
+    _causal_lm(hf)  # a TypeError for the wrong kind of model (not an architecture issue)
     try:
         _base_model(hf)
     except TypeError as exc:
@@ -194,8 +232,10 @@ def _check_model(hf, *, require: bool = True) -> _Checked:
     hit = _CHECKED.get(hf)
     if hit is None or hit.key != key:
         ids = _probe_ids(hf)
-        error, h = _probe_head(hf, ids)
-        hit = _Checked(key=key, padding_ok=_probe_padding(hf, ids, h), error=error)
+        causal_error = _probe_causal(hf, ids)
+        error, h = (causal_error, None) if causal_error else _probe_head(hf, ids)
+        hit = _Checked(key=key, padding_ok=_probe_padding(hf, ids, h), error=error,
+                       causal_error=causal_error)
         _CHECKED[hf] = hit
     if require and hit.error is not None:
         raise ValueError(hit.error)
@@ -210,6 +250,35 @@ def _probe_ids(hf) -> torch.Tensor:
 def _probe_tol(hf) -> float:
     low_precision = _output_embeddings(hf).weight.dtype in (torch.float16, torch.bfloat16)
     return 3e-2 if low_precision else 1e-3
+
+
+def _probe_causal(hf, ids: torch.Tensor) -> str | None:
+    """Check (0) of :func:`_check_model`: ``None``, or why the model is not causal.
+
+    The last token of each probe row is replaced by another id; a causal model's hidden states
+    at the earlier positions do not move (to the probe's tolerance), a bidirectional encoder's
+    do. Decided by running the model, not from its class or config (``config.is_decoder`` is
+    False for GPT-2 too).
+    """
+    vocab = min(int(_output_embeddings(hf).weight.shape[0]), _config_vocab(hf))
+    if vocab < 2 or ids.shape[1] < 2:
+        return None
+    other = ids.clone()
+    other[:, -1] = (ids[:, -1] + 1) % vocab
+    before = _base_sequence(hf, ids, None)[:, :-1]
+    after = _base_sequence(hf, other, None)[:, :-1]
+    err = _rel_err(after, before)
+    # a causal model computes the earlier positions without the last token: the same numbers up
+    # to rounding, while a bidirectional encoder moves them by the weight its attention gives
+    # the changed token (3e-4 of their scale in a tiny random BERT, far more in a trained one)
+    if err <= _CAUSAL_TOL[_probe_tol(hf) > 1e-3]:
+        return None
+    return (
+        f"model: {_architecture(hf)} is not a causal language model: changing the last token "
+        f"changes the hidden states of the earlier positions (by {err:.2g} of their scale), as "
+        "in a bidirectional encoder (BERT, a masked LM), so a last-position hidden state is not "
+        "what the model predicts the next token from; " + _EXPECTED
+    )
 
 
 def _probe_head(hf, ids: torch.Tensor) -> tuple[str | None, torch.Tensor | None]:
@@ -316,10 +385,17 @@ def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
     ------
     TypeError
         Not a model or not integer ids.
+    embgeom._hf.UnsupportedModelError (a TypeError and a ValueError)
+        The wrong kind of model: a module without a ``config`` (a plain ``nn.Module``), an
+        encoder-decoder model (T5, BART), a model without an unembedding (a base model such as
+        ``BertModel`` or ``LlamaModel``, a classifier). The message starts with ``model:`` and
+        says what is expected (a causal LM with an ``lm_head``).
     ValueError
-        Empty ids, ids out of range, a mask of the wrong shape or content; an architecture whose
-        logits the adapter does not reproduce (named, see :func:`unembedding`); a mask with
-        zeros between ones for a model that does not handle padding in a batch.
+        Empty ids, ids out of range, a mask of the wrong shape or content; a model that is not
+        causal (a masked LM such as ``BertForMaskedLM``: changing the last token moves the
+        earlier hidden states on the probe); an architecture whose logits the adapter does not
+        reproduce (named, see :func:`unembedding`); a mask with zeros between ones for a model
+        that does not handle padding in a batch.
 
     Notes
     -----
@@ -330,7 +406,7 @@ def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
     unpadded rows on the probe (e.g. RWKV, which ignores the mask) are run row by row without
     the padding, rows of equal length batched.
     """
-    hf, _, _, _ = _unwrap(model)
+    hf, _, _, _ = _causal_lm(model)
     n_rows = _output_embeddings(hf).weight.shape[0]
     ids, mask = _check_ids(input_ids, attention_mask, n_rows)
     _check_model(hf)
@@ -368,15 +444,19 @@ def logits(model, input_ids, attention_mask=None) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        As :func:`hidden_states` (bad ids or mask); the architecture is not checked, since these
-        are the model's own logits.
+        As :func:`hidden_states`: bad ids or mask, the wrong kind of model, a model that is not
+        causal. The head formula ``s * (W h + b)`` is not checked, since these are the model's
+        own logits.
     """
-    hf, _, _, _ = _unwrap(model)
+    hf, _, _, _ = _causal_lm(model)
     n_rows = _output_embeddings(hf).weight.shape[0]
     ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    checked = _check_model(hf, require=False)
+    if checked.causal_error is not None:
+        raise ValueError(checked.causal_error)
     if mask is not None and bool(mask.all()):
         mask = None
-    if mask is not None and not _check_model(hf, require=False).padding_ok:
+    if mask is not None and not checked.padding_ok:
         z = _by_row(_own_last_logits, hf, ids, mask)
     else:
         z = _own_last_logits(hf, ids, mask)

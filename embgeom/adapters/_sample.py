@@ -22,9 +22,8 @@ from .._hf import allowed_token_ids as _allowed_token_ids
 from .._hf import check_positions as _check_positions
 from .._hf import config_vocab as _config_vocab
 from .._hf import output_embeddings as _output_embeddings
-from .._hf import unwrap as _unwrap
 from .._validation import check_positive_int, seed_sequence
-from ._forward import _check_model, _hidden
+from ._forward import _causal_lm, _check_model, _hidden
 
 __all__ = ["sample_hidden_states"]
 
@@ -190,9 +189,12 @@ def sample_hidden_states(
     ------
     TypeError
         Non-integer lengths, counts or seed; not a model.
+    embgeom._hf.UnsupportedModelError (a TypeError and a ValueError)
+        The wrong kind of model (see :func:`hidden_states`): no ``config``, an encoder-decoder
+        model, no unembedding.
     ValueError
         Empty ``lengths``, a length or count <= 0, a length above the model's maximum
-        position, a negative seed; an architecture whose logits the adapter does not reproduce
+        position, a negative seed; a model that is not causal (a masked LM); an architecture whose logits the adapter does not reproduce
         (named, see :func:`unembedding`).
 
     Notes
@@ -207,7 +209,7 @@ def sample_hidden_states(
     (CRC-32 per tensor; about 0.3 s for SmolLM2-135M), so that two models with the same name
     and config but different weights never share an entry.
     """
-    hf, tokenizer, name, _ = _unwrap(model)
+    hf, tokenizer, name, _ = _causal_lm(model)
     if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
         raise TypeError(f"lengths: expected a sequence of positive integers, got {type(lengths).__name__}")
     lengths = [check_positive_int(v, "lengths") for v in list(lengths)]

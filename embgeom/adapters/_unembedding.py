@@ -14,9 +14,8 @@ import torch
 from .._hf import config_vocab as _config_vocab
 from .._hf import embed_rows, input_embeddings
 from .._hf import output_embeddings as _output_embeddings
-from .._hf import unwrap as _unwrap
 from .._validation import check_positive_int
-from ._forward import _check_model
+from ._forward import _causal_lm, _check_model
 from ._head import FinalNorm, _final_norm_of, _is_tied, _logit_scale, _softcap
 
 __all__ = ["Unembedding", "input_embedding_scale", "unembedding"]
@@ -190,11 +189,15 @@ def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
     Raises
     ------
     TypeError
-        ``model`` is neither a LoadedModel nor a transformers model, or has no unembedding.
+        ``model`` is neither a LoadedModel nor a torch module.
+    embgeom._hf.UnsupportedModelError (a TypeError and a ValueError)
+        The wrong kind of model (see :func:`hidden_states`): no ``config``, an encoder-decoder
+        model, no unembedding (``get_output_embeddings()`` is None: a base model, a
+        classifier). The message starts with ``model:`` and says what is expected.
     ValueError
-        ``vocab_size`` not a positive integer, a final norm of an unknown convention, a
-        non-positive logit scale or soft-cap, or an architecture whose logits the adapter does
-        not reproduce (the message names it).
+        ``vocab_size`` not a positive integer, a model that is not causal (a masked LM), a
+        final norm of an unknown convention, a non-positive logit scale or soft-cap, or an
+        architecture whose logits the adapter does not reproduce (the message names it).
 
     Notes
     -----
@@ -215,7 +218,7 @@ def unembedding(model, *, vocab_size: int | None = None) -> Unembedding:
     refused with a ValueError naming its architecture; no partial object is returned. The
     check runs once per model object (about three forward passes of 2 x 9 tokens).
     """
-    hf, tokenizer, name, source_dtype = _unwrap(model)
+    hf, tokenizer, name, source_dtype = _causal_lm(model)
     _check_model(hf)
     out = _output_embeddings(hf)
     weight = out.weight.detach().to(torch.float32).cpu().numpy().copy()
@@ -276,9 +279,10 @@ def input_embedding_scale(model) -> float:
     Raises
     ------
     TypeError
-        Not a model, or a model without input embeddings.
+        Not a model; a module without a ``config`` or an encoder-decoder model, or a model
+        without input embeddings (``embgeom._hf.UnsupportedModelError``, also a ValueError).
     """
-    hf, tokenizer, _, _ = _unwrap(model)
+    hf, tokenizer, _, _ = _causal_lm(model, head=False)
     emb = input_embeddings(hf)
     vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), emb.weight.shape[0])
     # the module's own output (embed_rows): includes a multiplier applied inside the module

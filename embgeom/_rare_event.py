@@ -16,10 +16,16 @@ for linear constraints (LIN-ESS):
    normalised constraint value ``m(x) = min_{s in S} a_s . x / |a_s|``; the nested domains are
    ``D_k = {x : a_s . x / |a_s| >= -c_s}`` with per-constraint shifts ``c_s`` that only decrease.
 2. Each level sets ``gamma`` so that a fraction ``level_prob`` of the chains has ``m >= -gamma``
-   (never below 0), lowers every shift to ``gamma``, records the fraction inside, resamples the
-   survivors (within independent groups of chains) and moves every chain with ``n_moves`` exact
-   LIN-ESS steps (:func:`embgeom._rare_kernels.ess_angles`), which leave ``N(0, I)`` restricted
-   to ``D_k`` invariant.
+   (never below 0), lowers every shift to ``gamma``, records the fraction inside, keeps the
+   survivors where they are, replaces every killed chain by a copy of a survivor of its own
+   group (independent groups of chains) and moves the copies with ``n_moves`` exact steps
+   (reflected Hamiltonian trajectories, :func:`embgeom._rare_kernels.hmc_trajectories`, or
+   LIN-ESS, :func:`embgeom._rare_kernels.ess_angles`), which leave ``N(0, I)`` restricted to
+   ``D_k`` invariant. ``log p`` is the sum of the logs of the recorded fractions: adaptive
+   multilevel splitting, whose product of fractions is unbiased for ``p`` under exact moves
+   (Brehier et al. 2016). Moving every chain after each level instead (sequential Monte
+   Carlo) makes the product too large by about ``(1 + 1 / (level_prob N - 1))^L`` for ``L``
+   levels of ``N`` chains, even with exact draws: each level's sample quantile is used twice.
 3. When ``gamma`` reaches 0 the chains are in the cone of the constraints in ``S``. If ``S`` is
    every constraint this is ``C_t``. Otherwise (large vocabularies) ``S`` is a *working set*:
    ``C_S`` contains ``C_t``, so ``P(C_S)`` is an upper bound on the share, and the estimator
@@ -46,6 +52,9 @@ References
   generalized splitting method", Statistics and Computing 22 (2012).
 - F. Cerou, A. Guyader, "Adaptive multilevel splitting for rare event analysis", Stochastic
   Analysis and Applications 25 (2007) (adaptive levels at a fixed conditional probability).
+- C.-E. Brehier, M. Gazeau, L. Goudenege, T. Lelievre, M. Rousset, "Unbiasedness of some
+  generalized adaptive multilevel splitting algorithms", Annals of Applied Probability 26 (2016)
+  (the kill-and-copy scheme, ties killed with the level, and its unbiased estimate of ``p``).
 - I. Murray, R. P. Adams, D. MacKay, "Elliptical slice sampling", AISTATS 2010.
 - M. Meyer et al., "How Many Different Outputs Can a Transformer Generate?", ICML 2026, Sec. 4
   (decoder cells and their volumes).
@@ -308,39 +317,52 @@ class _Constraints:
         return n
 
 
-def _resample(inside: np.ndarray, n_groups: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices of the next generation: survivors copied evenly, within each group.
+def _replace_killed(inside: np.ndarray, n_groups: int, rng: np.random.Generator):
+    """Which chains a level kills, and the survivors their replacements copy.
 
-    A group with no survivor borrows from the pooled survivors (the caller guarantees >= 1).
+    Adaptive multilevel splitting keeps the survivors of a level where they are and replaces
+    every killed chain (``~inside``) by a copy of a survivor drawn uniformly, with replacement,
+    from its own group; only the copies are then moved (Cerou and Guyader 2007; Brehier,
+    Gazeau, Goudenege, Lelievre, Rousset 2016, who show the product of the levels' survival
+    fractions is then an unbiased estimate of ``p`` when the copies are moved to exact draws).
+    A group with no survivor copies from the pooled survivors (the caller guarantees >= 1).
+
+    Returns
+    -------
+    dest, src : numpy.ndarray of int64, shape (n_killed,)
+        Chain ``dest[i]`` becomes a copy of chain ``src[i]``.
     """
     N = inside.size
     nb = N // n_groups
-    out = np.empty(N, dtype=np.int64)
     pooled = np.flatnonzero(inside)
+    dest, src = [], []
     for g in range(n_groups):
-        idx = g * nb + np.flatnonzero(inside[g * nb : (g + 1) * nb])
-        if idx.size == 0:
-            idx = pooled
-        reps, extra = divmod(nb, idx.size)
-        pick = np.concatenate([np.repeat(idx, reps), rng.choice(idx, size=extra, replace=False)])
-        out[g * nb : (g + 1) * nb] = rng.permutation(pick)
-    return out
+        blk = inside[g * nb : (g + 1) * nb]
+        kill = g * nb + np.flatnonzero(~blk)
+        if kill.size == 0:
+            continue
+        surv = g * nb + np.flatnonzero(blk)
+        dest.append(kill)
+        src.append(rng.choice(surv if surv.size else pooled, size=kill.size, replace=True))
+    if not dest:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(dest), np.concatenate(src)
 
 
-def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, adaptive, *, group, B,
+def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, *, group, B,
                  counted, n_rank, max_levels):
     """Splitting levels on the margin over all of ``W``, inside the working-set cone.
 
     The domains ``cone(S) & {min_s a_s.x / |a_s| >= -gamma}`` shrink to the cell as ``gamma``
     falls to 0 (each level keeps ``n_rank`` chains); moves are the working-set moves (exact
     inside ``cone(S)``) with a move that leaves the level's domain rejected (a Metropolis step,
-    so each level's law stays invariant). Appends to ``counts``/``sizes``/``adaptive``.
+    so each level's law stays invariant). Appends to ``counts``/``sizes``.
 
     Returns ``(X, P, side, log_check, n_checked)``: ``log_check`` is the log of the cell's
     estimated share of ``cone(S)``.
     """
-    pick = _resample(inside, B, rng)
-    X, P = moves(X[pick], P[pick])  # chains spread over cone(S) at shifts 0
+    dest, src = _replace_killed(inside, B, rng)
+    X[dest], P[dest] = moves(X[src], P[src])  # the chains outside cone(S) replaced
     first = len(counts)
     v, _ = cone.scan(X, 1)
     mf, n_checked, side = v[:, 0], X.shape[0], "two-sided"
@@ -352,20 +374,26 @@ def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, adaptive,
         q = np.partition(-mf[counted], n_rank - 1)[n_rank - 1]
         gamma = max(0.0, q)
         ins = (mf >= -gamma) & counted
+        # Rejected moves leave copies on their parents' values, so ties pile up at the level
+        # and a level that kills none of them never advances. As in the generalized AMS of
+        # Brehier et al. (2016), a level then kills every chain at or below it: the domain is
+        # the open {mf > -gamma} (the same measure), unless that would kill every chain.
+        strict = gamma > 0.0 and ins.sum() > n_rank and np.any(ins & (mf > -gamma))
+        if strict:
+            ins &= mf > -gamma
         counts.append(np.bincount(group[ins], minlength=B))
         sizes.append(np.bincount(group[counted], minlength=B))
-        adaptive.append(gamma > 0.0)
         if gamma == 0.0:
             break
-        pick = _resample(ins, B, rng)
-        X, P, mf = X[pick], P[pick], mf[pick]
-        X0, P0 = X.copy(), P.copy()
-        X, P = moves(X, P, t_max)
-        v, _ = cone.scan(X, 1)
-        n_checked += X.shape[0]
-        back = v[:, 0] < -gamma  # left the level's domain: stay
-        X[back], P[back] = X0[back], P0[back]
-        mf = np.where(back, mf, v[:, 0])
+        dest, src = _replace_killed(ins, B, rng)
+        Xn, Pn = moves(X[src], P[src], t_max)  # the copies only
+        v, _ = cone.scan(Xn, 1)
+        n_checked += Xn.shape[0]
+        # left the level's domain: stay at the copied point
+        back = (v[:, 0] <= -gamma) if strict else (v[:, 0] < -gamma)
+        Xn[back], Pn[back] = X[src[back]], P[src[back]]
+        X[dest], P[dest] = Xn, Pn
+        mf[dest] = np.where(back, mf[src], v[:, 0])
         # a small working-set cone around a much smaller cell rejects long trajectories, and
         # chains that never move leave the levels stalled on ties: adapt the time between
         # levels (each level's kernel is still exact and reversible)
@@ -391,7 +419,7 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
     nb = N // B
     group = np.repeat(np.arange(B), nb)
     X = rng.standard_normal((N, k))
-    counts, sizes, adaptive = [], [], []  # per recorded level: survivors, trials (per group), level set by a quantile?
+    counts, sizes = [], []  # per recorded level: survivors and trials, per group
     n_checked = 0
     log_check = 0.0  # log of the accepted full-check fraction (0 without a working set)
 
@@ -466,7 +494,6 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
         inside = (m >= -gamma) & counted
         counts.append(np.bincount(group[inside], minlength=B))
         sizes.append(np.bincount(group[counted], minlength=B))
-        adaptive.append(gamma > 0.0)
         if gamma == 0.0:
             if not working or not full_check:
                 break
@@ -482,18 +509,18 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
                 # Go on splitting inside the working-set cone with levels on the margin over all
                 # of W.
                 X, P, side, log_check, n_full = _full_levels(
-                    cone, X, sync(P), inside, moves, rng, counts, sizes, adaptive,
+                    cone, X, sync(P), inside, moves, rng, counts, sizes,
                     group=group, B=B, counted=counted, n_rank=n_rank, max_levels=max_levels)
                 n_checked += n_full
                 break
             if ok.mean() >= min_full_fraction:
                 counts.append(np.bincount(group[sel[ok]], minlength=B))
                 sizes.append(np.bincount(group[sel], minlength=B))
-                adaptive.append(False)
                 break
             cs.add(np.where(val[~ok] < 0, ids[~ok], -1).ravel())
-        pick = _resample(inside, B, rng)
-        X, P = moves(X[pick], sync(P[pick]))
+        P = sync(P)  # constraints added by a failed full check: their values at these X
+        dest, src = _replace_killed(inside, B, rng)
+        X[dest], P[dest] = moves(X[src], P[src])
         if working:
             probe()
 
@@ -507,11 +534,11 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
     nbar = sizes.mean(1, keepdims=True)
     e = ((counts - r[:, None] * sizes) / (r[:, None] * nbar)).sum(0)
     se = SE_INFLATION * float(np.std(e, ddof=1) / math.sqrt(B))
-    # first-order bias corrections: levels placed at a sample quantile make p_hat too large by
-    # a factor 1 + sum_k (1 - r_k) / (r_k N) (Cerou, Del Moral, Furon, Guyader 2012, Sec. 3);
-    # log of an unbiased product is low by var / 2
-    ra = r[np.array(adaptive, dtype=bool)]
-    log_p = float(np.log(r).sum() - np.sum((1.0 - ra) / (ra * counted.sum())) + 0.5 * se * se)
+    # No bias correction: with survivors kept and only the copies moved, the product of the
+    # fractions is unbiased for p under exact moves (Brehier et al. 2016), so its log is low by
+    # var / 2; copies that stay correlated with their parents push it up by about as much
+    # (docs/theory.md, section 5.1, measures both).
+    log_p = float(np.log(r).sum())
     return log_p, se, side, n_levels, cs.M, n_checked, log_check
 
 
@@ -618,8 +645,10 @@ def log_cone_gaussian_measure(
         interval.
     level_prob : float, default 0.5
         Conditional probability per level, in (0, 1).
-    n_moves : int, default 2
-        LIN-ESS moves per chain per level (>= 1).
+    n_moves : int, default 1
+        Moves per copied chain per level (>= 1).
+    move : {"hmc", "ess"}, default "hmc"
+        The exact move: reflected Hamiltonian trajectories of time ``pi / 2`` or LIN-ESS.
     working_set : {"auto", True, False}, default "auto"
         ``True``: constraints join a working set from probes and full checks (cheap for large
         vocabularies; the full check keeps the estimate exact). ``False``: every constraint
@@ -684,9 +713,64 @@ def log_cone_gaussian_measure(
     >>> bool(abs(r.log_share[0] - 3 * np.log(0.5)) < 0.3)
     True
     """
-    from scipy import stats
-    from tqdm.auto import tqdm
+    cones = prepare_cones(W, G)
+    tokens = _check_tokens(token_ids, cones.n_tokens)
+    settings = _check_settings(
+        n_chains=n_chains, n_groups=n_groups, level_prob=level_prob, n_moves=n_moves,
+        max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
+        min_full_fraction=min_full_fraction, max_levels=max_levels, confidence=confidence,
+        move=move, working_set=working_set, seed=seed)
+    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    return measure_cones(cones, tokens, root, settings, move=move, working_set=working_set,
+                         full_check=full_check, progress=progress)
 
+
+@dataclass(frozen=True)
+class ConeSetup:
+    """What every token's cone reads, computed once per call (:func:`prepare_cones`).
+
+    Attributes
+    ----------
+    W32 : numpy.ndarray of float32, shape (V, d)
+        ``W`` scaled by a power of two so that ``max|W|`` lies in [0.5, 1) (exact; a bias-free
+        decoder's cones do not change with the scale of ``W``).
+    WG32 : numpy.ndarray of float32, shape (V, k)
+        ``W32 G_r``, ``G_r = U_r diag(s_r)`` the range of ``G`` scaled by a power of two
+        (``W32`` itself when ``G`` is None).
+    row_sq : numpy.ndarray of float64, shape (V,)
+        Squared row norms of ``WG32``.
+    """
+
+    W32: np.ndarray
+    WG32: np.ndarray
+    row_sq: np.ndarray
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.W32.shape[0])
+
+
+def prepare_cones(W, G=None) -> ConeSetup:
+    """Validate ``W`` and ``G`` and build the cone set-up of :func:`log_cone_gaussian_measure`.
+
+    Parameters
+    ----------
+    W : array_like of float, shape (V, d)
+    G : array_like of float, shape (d, k), optional
+        A rank-deficient ``G`` is reduced to its range (``G = U S V^T`` -> ``U_r S_r``: the same
+        law of ``G x``).
+
+    Returns
+    -------
+    ConeSetup
+
+    Raises
+    ------
+    TypeError
+        ``W`` or ``G`` not a real float array.
+    ValueError
+        NaN/inf, wrong shapes, ``G`` zero.
+    """
     W64 = np.asarray(check_array(W, "W", ndim=2, dtype=None), dtype=np.float64)
     # a cone of a bias-free decoder does not change when W is scaled: bring max|W| to [0.5, 1)
     # by a power of two (exact), so float32 and its products neither overflow nor underflow at
@@ -711,16 +795,24 @@ def log_cone_gaussian_measure(
         # G's scale is irrelevant too: a power of two, so the float32 rows scale exactly
         WG = W32.astype(np.float64) @ (U[:, :r] * np.ldexp(sv[:r], -math.frexp(sv[0])[1]))
         WG32 = np.ascontiguousarray(WG, dtype=np.float32)
-    tokens = _check_tokens(token_ids, V)
-    (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
-     min_full_fraction, max_levels, confidence) = _check_settings(
-        n_chains=n_chains, n_groups=n_groups, level_prob=level_prob, n_moves=n_moves,
-        max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
-        min_full_fraction=min_full_fraction, max_levels=max_levels, confidence=confidence,
-        move=move, working_set=working_set, seed=seed)
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-
     row_sq = np.einsum("ij,ij->i", WG32, WG32, dtype=np.float64)
+    return ConeSetup(W32=W32, WG32=WG32, row_sq=row_sq)
+
+
+def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequence,
+                  settings: tuple, *, move: str, working_set, full_check: bool,
+                  progress: bool = False) -> ConeMeasure:
+    """The per-token loop of :func:`log_cone_gaussian_measure` on a prepared set-up.
+
+    ``tokens`` are checked ids (int64, :func:`_check_tokens`), ``settings`` the tuple of
+    :func:`_check_settings`; token ``t`` draws from child ``t`` of ``root``.
+    """
+    from scipy import stats
+    from tqdm.auto import tqdm
+
+    (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
+     min_full_fraction, max_levels, confidence) = settings
+    W32, WG32, row_sq = cones.W32, cones.WG32, cones.row_sq
     tq = stats.t.ppf(0.5 + confidence / 2, n_groups - 1)
     T = tokens.size
     out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "log_check_fraction", "seconds")}

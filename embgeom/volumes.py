@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels
-from ._rare_event import ConeMeasure, _seed_record, log_cone_gaussian_measure
+from ._rare_event import (ConeMeasure, _seed_record, log_cone_gaussian_measure,
+                          measure_cones, prepare_cones)
 from ._stats import binomial_interval, wilson_interval
 from ._validation import check_positive_int, check_probability, seed_sequence
 from .cells import Decoder
@@ -279,18 +280,18 @@ class CellVolumes:
         return plot_cell_histogram(self, ax=ax, path=path, bins=bins, title=title)
 
 
-def _direction_map(decoder: Decoder, support) -> tuple[bool, np.ndarray | None]:
+def _direction_map(decoder: Decoder, G) -> tuple[bool, np.ndarray | None]:
     """Whether Gaussian directions suffice, and the map applied to them.
 
     With no bias every cell is a cone; when the support is an origin-centred ellipsoid ``G B``
     (``support.origin_ellipsoid_map()`` is not None) a cell's share of it is the standard
     Gaussian measure of ``G^{-1} E_t``, so Gaussian directions mapped by ``G`` give the same
-    estimate as uniform points (docs/theory.md, section 1). Returns ``(directions, G32)`` with ``G32`` the
-    float32 ``G.T`` to right-multiply rows by, or None when ``G`` is a positive multiple of the
-    identity (no map needed: the cells are scale-invariant).
+    estimate as uniform points (docs/theory.md, section 1). ``G`` is that map (float (d, d), or
+    None when there is none), computed once by :func:`cell_volumes`. Returns ``(directions,
+    G32)`` with ``G32`` the float32 ``G.T`` to right-multiply rows by, or None when ``G`` is a
+    positive multiple of the identity (no map needed: the cells are scale-invariant).
     """
-    G = support.origin_ellipsoid_map() if decoder.bias_ is None else None
-    if G is None:
+    if G is None or decoder.bias_ is not None:
         return False, None
     G = np.asarray(G, dtype=np.float64)
     if G.shape != (decoder.dim, decoder.dim):
@@ -526,7 +527,7 @@ def cell_volumes(
     n_chains = check_positive_int(n_chains, "n_chains")
     if not (isinstance(tokens, str) or tokens is None):  # bad ids are refused for every method
         _token_sample(tokens, decoder.n_tokens, np.random.SeedSequence(0))
-    G = None if method == "uniform" else support.origin_ellipsoid_map()
+    G = support.origin_ellipsoid_map()  # once: the direction map and the cones read it
     why_not = None
     if method != "uniform" and (decoder.bias_ is not None or G is None):
         why_not = ("the decoder has a bias" if decoder.bias_ is not None else
@@ -541,32 +542,33 @@ def cell_volumes(
         log_vol = float(support.log_volume)
     except (AttributeError, RuntimeError):
         log_vol = float("nan")
-    directions, G32 = _direction_map(decoder, support)
+    directions, G32 = _direction_map(decoder, G)
     t0 = time.perf_counter()
     blocks = [(i, min(SAMPLE_BLOCK, n_samples - s)) for i, s in enumerate(range(0, n_samples, SAMPLE_BLOCK))]
     per_task = max(1, round(batch_size / SAMPLE_BLOCK))
     tasks = {k: (tuple(blocks[j : j + per_task]),) for k, j in enumerate(range(0, len(blocks), per_task))}
-    with executor_scope(executor) as ex:
+    estimator = "uniform" if method == "uniform" or why_not else "rare-event"
+    logs = {}
+    with executor_scope(executor) as ex:  # one scope (one Ray start) for both passes
         out = ex.map_keyed(_count_blocks, tasks, shared={"decoder": decoder, "support": support},
                            kwargs={"directions": directions, "G32": G32, "root": root},
                            progress=progress, desc="cell volumes")
-    counts = np.zeros(decoder.n_tokens, dtype=np.int64)
-    for c in out.values():  # integer sums: exact in any order
-        counts += c
-    lower, upper = binomial_interval(counts, n_samples, confidence, interval)
-    extra = {"batch_size": batch_size, "sample_block": SAMPLE_BLOCK, "executor": ex.name}
-    estimator = "uniform" if method == "uniform" or why_not else "rare-event"
-    logs = {}
+        counts = np.zeros(decoder.n_tokens, dtype=np.int64)
+        for c in out.values():  # integer sums: exact in any order
+            counts += c
+        lower, upper = binomial_interval(counts, n_samples, confidence, interval)
+        extra = {"batch_size": batch_size, "sample_block": SAMPLE_BLOCK, "executor": ex.name}
+        if estimator == "rare-event":
+            ids = _token_sample(tokens, decoder.n_tokens, root)
+            counted = np.zeros(ids.size, bool)
+            if method == "auto":
+                counted = _counts_suffice(counts[ids], n_samples, n_chains,
+                                          (rare_event_options or {}).get("level_prob", 0.5))
+            logs, extra["rare_event"] = _rare_event_logs(
+                decoder, G, ids[~counted], task_seed(root, RARE_EVENT_KEY),
+                n_chains=n_chains, confidence=confidence, options=rare_event_options,
+                progress=progress, executor=ex)
     if estimator == "rare-event":
-        ids = _token_sample(tokens, decoder.n_tokens, root)
-        counted = np.zeros(ids.size, bool)
-        if method == "auto":
-            counted = _counts_suffice(counts[ids], n_samples, n_chains,
-                                      (rare_event_options or {}).get("level_prob", 0.5))
-        logs, extra["rare_event"] = _rare_event_logs(
-            decoder, G, ids[~counted], task_seed(root, RARE_EVENT_KEY),
-            n_chains=n_chains, confidence=confidence, options=rare_event_options, progress=progress,
-            executor=executor)
         if counted.any():  # the sampled tokens whose uniform count is the tighter estimate
             c_ids = ids[counted]
             lf, llo, lhi = _uniform_logs(counts[c_ids], n_samples, lower[c_ids], upper[c_ids])
@@ -600,10 +602,11 @@ def cell_volumes(
 RARE_EVENT_CHUNK = 64
 
 
-def _rare_event_chunk(ids, *, W, G, seed, n_chains, confidence, opts):
-    """One rare-event task: :func:`log_cone_gaussian_measure` on a chunk of token ids."""
-    return log_cone_gaussian_measure(W, np.asarray(ids, dtype=np.int64), G, n_chains=n_chains,
-                                     confidence=confidence, seed=seed, progress=False, **opts)
+def _rare_event_chunk(ids, *, cones, root, settings, kw):
+    """One rare-event task: :func:`embgeom._rare_event.measure_cones` on a chunk of token ids,
+    reading the cone set-up prepared once per call."""
+    return measure_cones(cones, np.asarray(ids, dtype=np.int64), root, settings, progress=False,
+                         **kw)
 
 
 def _concat_measures(parts: list) -> ConeMeasure:
@@ -649,22 +652,34 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
                      executor="local"):
     """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens.
 
-    Token chunks of :data:`RARE_EVENT_CHUNK` run as keyed tasks on ``executor`` (``W`` and
-    ``G`` shipped once); token ``t`` draws from child ``t`` of the SeedSequence ``seed``, so the
-    figures are the same for every executor and chunking.
+    The cone set-up (:func:`embgeom._rare_event.prepare_cones`: ``W`` checked and scaled, the
+    range of ``G``, ``W G`` and its row norms) is built once and put once on ``executor``;
+    token chunks of :data:`RARE_EVENT_CHUNK` run as keyed tasks reading it. Token ``t`` draws
+    from child ``t`` of the SeedSequence ``seed``, so the figures are the same for every
+    executor and chunking.
     """
+    import inspect
+
+    from ._rare_event import _check_settings
+
     opts = dict(options or {})  # checked by cell_volumes before the uniform pass
     V = decoder.n_tokens
     if ids.size == 0:  # every sampled token was resolved by its count
         return {"log_fractions": np.full(V, np.nan), "log_lower": np.full(V, np.nan),
                 "log_upper": np.full(V, np.nan),
                 "token_method": np.full(V, "not estimated", dtype="<U13")}, {"n_chains": n_chains}
+    params = inspect.signature(log_cone_gaussian_measure).parameters
+    opt = {k: opts.get(k, params[k].default) for k in params if k not in _RARE_EVENT_OWN}
+    opt.update(n_chains=n_chains, confidence=confidence)
+    checked = [k for k in inspect.signature(_check_settings).parameters if k != "seed"]
+    settings = _check_settings(seed=seed, **{k: opt[k] for k in checked})
+    kw = {"move": opt["move"], "working_set": opt["working_set"], "full_check": bool(opt["full_check"])}
+    cones = prepare_cones(decoder.W_, G)  # once: validation, scaling, range of G, W G, row norms
     tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)
              for k, j in enumerate(range(0, ids.size, RARE_EVENT_CHUNK))}
     with executor_scope(executor) as ex:
-        out = ex.map_keyed(_rare_event_chunk, tasks, shared={"W": decoder.W_, "G": G},
-                           kwargs={"seed": seed, "n_chains": n_chains, "confidence": confidence,
-                                   "opts": opts},
+        out = ex.map_keyed(_rare_event_chunk, tasks, shared={"cones": ex.put(cones)},
+                           kwargs={"root": seed, "settings": settings, "kw": kw},
                            progress=progress, desc="rare-event cells")
     r = _concat_measures([out[k] for k in tasks])
     log_f, log_lo, log_hi = (np.full(V, np.nan) for _ in range(3))

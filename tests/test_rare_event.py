@@ -452,3 +452,17 @@ def test_auto_keeps_the_count_where_it_is_tighter():
     cs = cell_volumes(Decoder(W), Ball.from_params(np.zeros(5), 1.0), 2_000, seed=0,
                       progress=False, method="rare-event", n_chains=64)
     assert list(cs.token_method) == ["rare-event"] * 10
+
+
+@pytest.mark.parametrize("k,d,n_redundant,n_seeds", [(20, 32, 0, 150), (15, 24, 3000, 60)])
+def test_no_bias_at_the_default_budget(k, d, n_redundant, n_seeds):
+    """Issue 22: at 128 chains (cell_volumes' default) the estimates sat ~+0.11 nats above the
+    truth (+0.16 with a working set): every chain was moved after each level (sequential Monte
+    Carlo), whose quantile-placed levels make the product of fractions too large by about
+    (1 + 1/(N/2 - 1))^L, more than the first-order correction removed. Kill-and-copy (adaptive
+    multilevel splitting) is unbiased for p; the mean log-error must be within noise of 0
+    (standard error of the mean about 0.034 and 0.046 nats here)."""
+    W, lt = orthant(k, d, seed=k, n_redundant=n_redundant)
+    err = np.array([log_cone_gaussian_measure(W, [0], n_chains=128, seed=s).log_share[0] - lt
+                    for s in range(n_seeds)])
+    assert abs(err.mean()) < 0.1, err.mean()

@@ -12,7 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
 from embgeom import copying  # noqa: E402
-from embgeom.copying import CopyTask, detect_cliff, wilson_interval  # noqa: E402
+from embgeom._stats import wilson_interval  # noqa: E402
+from embgeom.copying import CopyTask, detect_cliff  # noqa: E402
 
 # The tiny configuration: L_train = 8, alphabet 8, d = 64, 2 layers, 800 AdamW steps
 # (about 30-40 s on one shared core).
@@ -109,6 +110,69 @@ def test_compare_with_bounds_is_consistent_and_matches_theorem45(trained):
     assert em[L_TRAIN] is not None and 0 < em[L_TRAIN] <= L_TRAIN * np.log(ALPHABET)
     counts = dict(zip(s["evaluation"]["lengths"], s["evaluation"]["exact_match_count"]))
     assert all((em[L] is None) == (counts[L] == 0) for L in em)  # log 0 -> None, else finite
+
+
+def test_compare_with_bounds_cell_shares_are_cell_volumes_on_the_same_inputs(trained):
+    """The hidden-side figures are embgeom.volumes.cell_volumes and bounds.cell_volume_rate on
+    the same hidden states and seed (no second cell-share estimator inside copying): the counts
+    equal bit for bit, and another seed gives other counts."""
+    from embgeom import bounds, supports
+    from embgeom.cells import Decoder
+    from embgeom.volumes import cell_volumes
+
+    out, s = trained
+    model, task = copying.load_copy_model(out / "checkpoint")
+    cmp = copying.compare_with_bounds(model, task, s["evaluation"], n_hidden_per_length=4,
+                                      n_cell_samples=3000, seed=11)
+    used = cmp["hidden_support"]["lengths"]
+    H, _ = copying.copy_hidden_states(model, task, used, n_per_length=4, seed=11)
+    hidden = supports.fit_support(H.astype(np.float64), "ball", center="free")
+    assert cmp["hidden_support"]["radius"] == float(hidden.radius_)
+    W = model.lm_head.weight.detach().float().numpy()
+    cv = cell_volumes(Decoder(W), hidden, 3000, seed=11, method="uniform", progress=False)
+    assert cmp["cell_counts"] == cv.counts.tolist() and sum(cmp["cell_counts"]) == 3000
+    k = cv.counts[:ALPHABET]
+    assert cmp["fraction_of_support_in_alphabet_cells"] == k.sum() / 3000
+    np.testing.assert_array_equal(cmp["alphabet_cell_fractions"], k / k.sum())
+    rate = bounds.cell_volume_rate(k / k.sum(), k_max=16, n_samples=int(k.sum())).rate
+    assert cmp["rate_lambda"] == float(rate)
+    other = cell_volumes(Decoder(W), hidden, 3000, seed=12, method="uniform", progress=False)
+    assert other.counts.tolist() != cmp["cell_counts"]
+
+
+def test_intervals_come_from_stats_only():
+    """copying keeps no interval of its own and re-exports none (issue 20: one home)."""
+    import re
+    from pathlib import Path
+
+    assert not hasattr(copying, "wilson_interval")
+    for f in Path(copying.__file__).parent.glob("*.py"):
+        text = f.read_text()
+        assert not re.search(r"def _?(wilson|clopper|binomial)", text), f.name
+        if "wilson_interval" in text.split('"""', 2)[-1]:
+            assert "from embgeom._stats import wilson_interval" in text, f.name
+
+
+def test_compare_with_bounds_bad_evaluation():
+    task = CopyTask(alphabet=4, l_train=2)
+    model = copying.make_copy_model(task, hidden_size=8, num_layers=1, num_heads=2)
+    with pytest.raises(ValueError, match="exact_match_count"):
+        copying.compare_with_bounds(model, task, {"lengths": [1, 2], "n_eval": 4})
+    with pytest.raises(ValueError, match="one exact_match_count per length"):
+        copying.compare_with_bounds(model, task, {"lengths": [1, 2], "n_eval": 4,
+                                                  "exact_match_count": [1]})
+    with pytest.raises(TypeError, match="task"):
+        copying.compare_with_bounds(model, "task", {})
+
+
+def test_greedy_copy_restores_the_callers_mode():
+    task = CopyTask(alphabet=4, l_train=2)
+    model = copying.make_copy_model(task, hidden_size=8, num_layers=1, num_heads=2)  # train mode
+    x = task.sample_symbols(3, 2, np.random.default_rng(0))
+    a = copying.greedy_copy(model, task.prompts(x), 2)
+    assert model.training and a.shape == (3, 2) and a.dtype == torch.int64
+    with pytest.raises(TypeError, match="prompts"):
+        copying.greedy_copy(model, x, 2)
 
 
 def test_same_seed_same_weights():

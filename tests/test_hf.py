@@ -177,7 +177,7 @@ def test_one_home(pattern, home):
 
 @pytest.mark.parametrize("path", [
     "embgeom/_hf.py", *(f"embgeom/adapters/{p.name}" for p in sorted((ROOT / "embgeom" / "adapters").glob("*.py"))),
-    "embgeom/copying.py", "embgeom/report/_build.py",
+    "embgeom/copying/plots.py", "embgeom/copying/_run.py", "embgeom/report/_build.py",
     "embgeom/report/figures.py", "embgeom/volumes.py", "embgeom/cli.py",
     "embgeom/cramming/plots.py", "embgeom/cramming/_run.py",
 ])
@@ -193,7 +193,7 @@ def test_json_writers_use_the_one_converter():
     digests (settings hash, hidden-state cache key) hash json text and are not writers."""
     allowed = {"embgeom/_json.py", "embgeom/cramming/_curve.py", "embgeom/adapters/_sample.py"}
     mine = ["embgeom/_hf.py", *(f"embgeom/adapters/{p.name}" for p in sorted((ROOT / "embgeom" / "adapters").glob("*.py"))),
-            "embgeom/copying.py",
+            *(f"embgeom/copying/{p.name}" for p in (ROOT / "embgeom" / "copying").glob("*.py")),
             *(f"embgeom/report/{p.name}" for p in (ROOT / "embgeom" / "report").glob("*.py")),
             "embgeom/cli.py", *(f"embgeom/cramming/{p.name}" for p in
                                (ROOT / "embgeom" / "cramming").glob("*.py"))]

@@ -32,6 +32,7 @@ Public API
 - :func:`run_horizons`: the horizons job (``embgeom cram --horizons``), same summary format;
   :func:`budget_converged`: the budget-sweep rule (n50 changes by < 10%).
 - :func:`run_cram`: the whole ``embgeom cram`` job (JSONL + JSON summary + PNGs).
+- :class:`ResumeRecordWarning`: a line of a resume JSONL file that was not trusted (re-run).
 
 Layout
 ------
@@ -73,6 +74,7 @@ __all__ = [
     "DEFAULT_PROTOCOL",
     "run_horizons",
     "budget_converged",
+    "ResumeRecordWarning",
 ]
 
 #: Where each public name lives (the module is imported on first access).
@@ -99,6 +101,7 @@ _HOME = {
     "DEFAULT_PROTOCOL": "_protocols",
     "run_horizons": "_horizon_run",
     "budget_converged": "_horizon_run",
+    "ResumeRecordWarning": "_curve",
 }
 
 

@@ -40,7 +40,7 @@ from ._optimise import cram
 from ._targets import _TAG_INIT, sample_targets, source_descriptor
 from .analysis import AccessibilityCurve
 
-__all__ = ["accessibility_curve", "mixed_curves"]
+__all__ = ["accessibility_curve", "mixed_curves", "ResumeRecordWarning"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,40 +121,169 @@ def _length_grid(lengths, adaptive: bool, max_length: int) -> list[int]:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path, key=None) -> dict:
-    """Finished records of a JSONL file keyed by ``key(record)`` (default: the per-length key
-    ``(settings_hash, n_mem, length, target_index)``); a line cut short by an interrupted run
-    is skipped, and a later record of the same key wins."""
-    if key is None:
-        def key(r):
-            return (r.get("settings_hash"), r.get("n_mem"), r.get("length"),
-                    r.get("target_index"))
+class ResumeRecordWarning(RuntimeWarning):
+    """A line of a resume JSONL file was not trusted: its target is run again.
+
+    Raised (as a warning) for a line that is not a JSON object, a record missing a key the
+    resume reads, or a record whose fields have the wrong type, are out of range or do not
+    match its ``settings_hash``. A last line cut short by an interrupted write (no final
+    newline) is the expected resume case and is repaired without a warning.
+    """
+
+
+def _check_jsonl(jsonl, name: str = "jsonl", *, checkpoints: bool = False):
+    """``jsonl`` (None or a path) after checking, before any work, that it can name a file.
+
+    Raises
+    ------
+    TypeError
+        Neither None nor a str / path-like.
+    ValueError
+        An empty path, a path that is an existing folder (or another non-file), a parent
+        component that exists and is not a folder, or, with ``checkpoints`` (horizons, whose
+        batch checkpoints go to ``<jsonl>.ckpt/``), a ``<jsonl>.ckpt`` that exists and is not a
+        folder; the message names ``name``.
+    """
+    if jsonl is None:
+        return None
+    if not isinstance(jsonl, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a file path or None, got {type(jsonl).__name__}")
+    if not str(os.fspath(jsonl)).strip():
+        raise ValueError(f"{name}: expected a file path, got an empty string")
+    p = Path(jsonl)
+    if p.is_dir():
+        raise ValueError(f"{name}: {str(p)!r} is a folder; expected the path of a JSONL file")
+    if p.exists() and not p.is_file():
+        raise ValueError(f"{name}: {str(p)!r} exists and is not a regular file")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"{name}: {str(parent)!r} exists and is not a folder")
+    ckpt = Path(str(p) + ".ckpt")
+    if checkpoints and ckpt.exists() and not ckpt.is_dir():
+        raise ValueError(f"{name}: {str(ckpt)!r} (the checkpoint folder) exists and is not a "
+                         "folder")
+    return jsonl
+
+
+def _is_int(v, low: int = 0) -> bool:
+    return type(v) is int and v >= low
+
+
+def _settings_problem(r: dict) -> str | None:
+    """Why a record's ``settings`` and ``settings_hash`` cannot be trusted, or None."""
+    if not isinstance(r.get("settings_hash"), str):
+        return "settings_hash is not a string"
+    if not isinstance(r.get("settings"), dict):
+        return "settings is missing or not an object"
+    if _settings_hash(r["settings"]) != r["settings_hash"]:
+        return "settings do not hash to settings_hash (edited?)"
+    return None
+
+
+def _per_length_problem(r: dict) -> str | None:
+    """Why a per-length record (:class:`_ResumeStore`) cannot be trusted, or None."""
+    for k, low in (("n_mem", 1), ("length", 1), ("target_index", 0), ("steps", 0)):
+        if k not in r:
+            return f"no {k!r}"
+        if not _is_int(r[k], low):
+            return f"{k} = {r[k]!r} is not an int >= {low}"
+    if not isinstance(r.get("success_teacher_forced"), bool):
+        return "success_teacher_forced is missing or not true/false"
+    if "success_generation" not in r or not isinstance(r["success_generation"], (bool, type(None))):
+        return "success_generation is missing or not true/false/null"
+    acc = r.get("accuracy")
+    if acc is not None and not (isinstance(acc, (int, float)) and not isinstance(acc, bool)
+                                and 0 <= acc <= 1):
+        return f"accuracy = {acc!r} is not a number in [0, 1]"
+    return _settings_problem(r)
+
+
+def _per_length_key(r: dict):
+    return (r.get("settings_hash"), r.get("n_mem"), r.get("length"), r.get("target_index"))
+
+
+def _read_jsonl(path, key=None, check=None) -> dict:
+    """Trusted records of a JSONL file keyed by ``key(record)``; a later record of a key wins.
+
+    ``key`` defaults to the per-length key ``(settings_hash, n_mem, length, target_index)`` and
+    ``check`` (``record -> None or why it cannot be trusted``) to the per-length record's check.
+    A last line without its final newline that is not JSON was cut short by an interrupted
+    write: it is skipped silently (the next append removes it). Any other line that is not a
+    JSON object, or a record that ``check`` refuses, is skipped with a
+    :class:`ResumeRecordWarning` naming the file and the line number, so its target runs again.
+    """
+    key = _per_length_key if key is None else key
+    check = _per_length_problem if check is None else check
     done = {}
     if path is None or not os.path.exists(path):
         return done
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by an interrupted run
-                continue
-            done[key(r)] = r
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        text = fh.read()
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        torn = i == len(lines) - 1  # no newline after it: an interrupted write
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            if not torn:
+                _distrust(path, i + 1, "not a JSON line")
+            continue
+        problem = "not a JSON object" if not isinstance(r, dict) else check(r)
+        if problem is not None:
+            _distrust(path, i + 1, problem)
+            continue
+        done[key(r)] = r
     return done
 
 
+def _distrust(path, lineno: int, problem: str) -> None:
+    import warnings
+
+    warnings.warn(f"{os.fspath(path)}, line {lineno}: {problem}; the record is not trusted "
+                  "and its target is run again", ResumeRecordWarning, stacklevel=4)
+
+
 def _append_lines(path, lines: list[str]) -> None:
-    """Append JSON lines to ``path``, first ending a last line that an interrupted run cut short
-    (so a new record never lands on the same line as the fragment)."""
+    """Append JSON lines to ``path``. A last line without its final newline is first repaired:
+    ended with a newline when it is a whole JSON line, removed when it is the fragment of an
+    interrupted write (so a new record never lands on the fragment's line, and the fragment
+    does not stay behind as a bad line in the middle of the file)."""
     with open(path, "a+b") as fh:
         fh.seek(0, os.SEEK_END)
-        if fh.tell() > 0:
+        size = fh.tell()
+        if size > 0:
             fh.seek(-1, os.SEEK_END)
             if fh.read(1) != b"\n":
-                fh.write(b"\n")
+                start = _last_line_start(fh, size)
+                fh.seek(start)
+                tail = fh.read()
+                try:
+                    json.loads(tail.decode("utf-8"))
+                    whole = True
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    whole = False
+                if whole:
+                    fh.write(b"\n")
+                else:
+                    fh.truncate(start)
+        fh.seek(0, os.SEEK_END)
         fh.write(("\n".join(lines) + "\n").encode())
+
+
+def _last_line_start(fh, size: int, chunk: int = 1 << 16) -> int:
+    """Offset just after the last newline of an open binary file of ``size`` bytes (0: none)."""
+    end = size
+    while end > 0:
+        begin = max(0, end - chunk)
+        fh.seek(begin)
+        at = fh.read(end - begin).rfind(b"\n")
+        if at >= 0:
+            return begin + at + 1
+        end = begin
+    return 0
 
 
 #: Record keys added after the first format; written after it, so its key order stays a prefix.
@@ -389,7 +518,12 @@ def _setup(model, *, seed, start_token, steps, lr, device, target_source, check_
     Returns ``(start, settings, options)``: the start token id (or None), the settings the
     records are keyed on (:func:`_curve_settings`) and the keyword arguments of :func:`cram`.
     """
-    from ._optimise import _check_cram_options, _check_flag, _check_precision_device
+    from ._optimise import (
+        _check_cram_options,
+        _check_flag,
+        _check_precision_device,
+        _check_progress,
+    )
 
     unknown = sorted(set(cram_kwargs) - set(_CRAM_KWARGS))
     if unknown:
@@ -399,7 +533,7 @@ def _setup(model, *, seed, start_token, steps, lr, device, target_source, check_
         steps=steps, lr=lr, weight_decay=weight_decay, patience=patience, precision=precision,
         **{k: v for k, v in cram_kwargs.items() if k != "use_cache"})
     check_generation = _check_flag(check_generation, "check_generation")
-    progress = _check_flag(progress, "progress")
+    progress = _check_progress(progress)
     if "use_cache" in cram_kwargs:
         _check_flag(cram_kwargs["use_cache"], "use_cache")
     hf, tokenizer, name, _ = unwrap(model)
@@ -438,7 +572,7 @@ def _curve_from_store(store: _ResumeStore, lengths, n_targets: int, settings: di
 def mixed_curves(model, lengths: dict, n_targets: int, *, n_batches: int = 1,
                  target_source="random-tokens", seed: int = 0, start_token="auto",
                  steps: int = 1000, lr: float = 1e-2, jsonl=None, device=None,
-                 check_generation: bool = True, progress: bool = True,
+                 check_generation: bool = True, progress: bool | None = None,
                  precision: str = "float32", weight_decay: float = 0.0,
                  patience: int | None = None, **cram_kwargs) -> dict:
     """Accessibility curves for several m at once, the rows of every (m, n) crammed together.
@@ -472,6 +606,7 @@ def mixed_curves(model, lengths: dict, n_targets: int, *, n_batches: int = 1,
     TypeError, ValueError
         As :func:`accessibility_curve`; ``lengths`` not a dict of positive lengths.
     """
+    _check_jsonl(jsonl)
     if not isinstance(lengths, dict) or not lengths:
         raise TypeError(f"lengths: expected a dict {{m: [n, ...]}}, got {type(lengths).__name__}")
     grid = {check_positive_int(m, "lengths key (m)"): _length_grid(ns, False, 1 << 62)
@@ -522,7 +657,7 @@ def accessibility_curve(
     jsonl=None,
     device=None,
     check_generation: bool = True,
-    progress: bool = True,
+    progress: bool | None = None,
     precision: str = "float32",
     weight_decay: float = 0.0,
     patience: int | None = None,
@@ -562,13 +697,15 @@ def accessibility_curve(
     jsonl : path, optional
         Append one line per target as results come (settings hash, n_mem, length,
         target_index, verdicts, steps, loss, accuracy, dtype, device). A rerun with the same
-        settings reads the file and skips the targets already done.
+        settings reads the file and skips the targets already done (the records it trusts:
+        see Warns).
     device : optional
         Move the model to this device first.
     check_generation : bool, default True
-    progress : bool, default True
+    progress : bool or None, default None
         tqdm bars: one over lengths, and one over the Adam steps of each batch of targets
-        (local) or over the finished batches (Ray).
+        (local) or over the finished batches (Ray). None: only where stderr is a terminal
+        (a job writing to a log file gets none).
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
         Where the batches run (:mod:`embgeom.parallel`): one task per batch of targets, keyed
         ``(n_mem, length, first target index)``; the targets already in ``jsonl`` are skipped
@@ -598,8 +735,18 @@ def accessibility_curve(
     ------
     TypeError, ValueError
         Bad arguments (as in :func:`cram` and :func:`sample_targets`, all checked before any
-        work), lengths not positive, an unknown keyword in ``cram_kwargs``.
+        work), lengths not positive, an unknown keyword in ``cram_kwargs``, a ``jsonl`` that
+        is a folder or lies below a file.
+
+    Warns
+    -----
+    ResumeRecordWarning
+        A line of ``jsonl`` that is not a trusted record (not JSON, a key missing, a field of
+        the wrong type or range, settings that do not hash to its ``settings_hash``): named
+        by file and line number, not counted, its target run again. A last line cut short by
+        an interrupted write is removed without a warning.
     """
+    _check_jsonl(jsonl)
     n_mem = check_positive_int(n_mem, "n_mem")
     n_targets = check_positive_int(n_targets, "n_targets")
     batch_size = check_positive_int(batch_size, "batch_size")
@@ -610,7 +757,7 @@ def accessibility_curve(
         target_source=target_source, check_generation=check_generation, progress=progress,
         precision=precision, weight_decay=weight_decay, patience=patience,
         cram_kwargs=cram_kwargs)
-    seed = settings["seed"]
+    seed, progress = settings["seed"], options["progress"]
     store = _ResumeStore(jsonl, settings, n_mem)
 
     bar = None

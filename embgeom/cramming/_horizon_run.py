@@ -16,7 +16,9 @@ import numpy as np
 from embgeom._hf import dtype_name, model_device_dtype, unwrap
 from embgeom._validation import check_positive, check_positive_int
 
+from ._curve import _check_jsonl
 from ._horizons import horizons
+from ._optimise import _check_progress
 from ._protocols import DEFAULT_PROTOCOL, get_protocol
 from ._run import _check_out_dir, _fit, _load, _write_summary
 from ._targets import source_descriptor
@@ -65,7 +67,7 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
                  steps_per_length: int = 500, max_steps: int | None = None, seed: int = 0,
                  batch_size: int = 16, precision: str = "float32", n_boot: int = 1000,
                  c_theory: float | None = None, check_generation: bool = True,
-                 start_token="auto", plot: bool = True, progress: bool = True,
+                 start_token="auto", plot: bool = True, progress: bool | None = None,
                  converged: dict | None = None, device=None) -> dict:
     """Horizons for each m, their n50 (median horizon), C_emp, and the files.
 
@@ -85,7 +87,10 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
     n_boot : int, default 1000
     c_theory : float, optional
         C_theory for the ratio of :func:`fit_slope`.
-    plot, progress : bool
+    plot : bool, default True
+    progress : bool or None, default None
+        A tqdm bar per m; None: only where stderr is a terminal (a job writing to a log file
+        gets none, as with the other cramming entry points).
     converged : dict, optional
         A :func:`budget_converged` result for this protocol, stored in the summary (None: the
         budget sweep was not run, and the summary says n50 is not known to be converged).
@@ -101,6 +106,7 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
     ------
     TypeError, ValueError
         Bad arguments (before the model is loaded where possible).
+        ``out_dir`` (or its ``horizons.jsonl``) exists and is not a folder (a file).
     OSError
         ``out_dir`` cannot be written.
     """
@@ -120,12 +126,13 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
                         f"'converged'), got {type(converged).__name__}")
     if c_theory is not None:
         c_theory = check_positive(c_theory, "c_theory")
-    for flag, fname in ((plot, "plot"), (progress, "progress")):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{fname}: expected True or False, got {flag!r}")
+    if not isinstance(plot, (bool, np.bool_)):
+        raise TypeError(f"plot: expected True or False, got {plot!r}")
+    progress = _check_progress(progress)
     if out_dir is None or (isinstance(out_dir, str) and not out_dir.strip()):
         raise ValueError(f"out_dir: expected a folder path, got {out_dir!r}")
     out = _check_out_dir(out_dir)
+    _check_jsonl(out / "horizons.jsonl", "out_dir", checkpoints=True)
     prior = out / "cram_summary.json"
     if prior.is_file():
         import json

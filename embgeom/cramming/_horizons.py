@@ -52,7 +52,15 @@ from embgeom._hf import (
 from embgeom._validation import check_positive, check_positive_int, seed_sequence
 
 from ._checks import greedy_generate
-from ._curve import _append_lines, _model_fingerprint, _read_jsonl, _settings_hash
+from ._curve import (
+    _append_lines,
+    _check_jsonl,
+    _is_int,
+    _model_fingerprint,
+    _read_jsonl,
+    _settings_hash,
+    _settings_problem,
+)
 from ._optimise import PRECISIONS, _embedding_stats, _model_forward
 from ._protocols import DEFAULT_PROTOCOL, CramProtocol, get_protocol
 from ._targets import _TAG_INIT, check_targets, sample_targets, source_descriptor
@@ -371,9 +379,27 @@ def _run_adam_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, ckpt: Pa
     return S
 
 
+#: ``max_eval`` of one L-BFGS iteration (``torch.optim.LBFGS(max_iter=1)``): the iteration then
+#: spends at most ``max_eval + 1`` closure evaluations, the gradient at the current point and
+#: at most ``max_eval`` trial points of the strong-Wolfe line search (torch passes it
+#: ``max_ls = max_eval - 1`` and the search evaluates one point before counting). torch's
+#: default, ``max_iter * 5 // 4 = 1``, leaves the search ``max_ls = 0``: it returns the step
+#: ``t = 0`` whenever its first trial point fails the Armijo condition, and as a zero step
+#: changes neither the point nor the curvature pairs, every later iteration repeats it and the
+#: memory vectors never move. On the tests' tiny Llama the first trial (``t = lr min(1,
+#: 1/|g|_1)``, about 0.02) raised the loss from 3.80 to 3.96, and 30 updates left it at 3.80
+#: exactly: the preset crammed nothing. 25 trial points is torch's own line-search default.
+_LBFGS_MAX_EVAL = 25
+
+
 def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **_):
     """Progressive cramming with ``torch.optim.LBFGS``, one target at a time (its line search
-    is per problem); every closure evaluation (forward + backward) counts as one update."""
+    is per problem); every closure evaluation (forward + backward) counts as one update.
+
+    Each ``opt.step`` is one L-BFGS iteration whose line search may try up to
+    :data:`_LBFGS_MAX_EVAL` points, fewer where the length's budget or the total cap has fewer
+    evaluations left: the budgets hold, except that an iteration needs two evaluations (the
+    gradient and one trial point), so with one left it overshoots by one."""
     B, n_max = T.shape
     with torch.no_grad():
         te = su.emb(T[:, :-1]).to(su.mdtype) if n_max > 1 else \
@@ -445,6 +471,8 @@ def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **
                 S["done"][i], S["reason"][i] = True, fail
                 break
             evals[0] = 0
+            left = min(budget - int(S["t_len"][i]), su.max_steps - int(S["t_total"][i]))
+            opt.param_groups[0]["max_eval"] = max(1, min(_LBFGS_MAX_EVAL, left - 1))
             opt.step(closure)
             S["t_len"][i] += evals[0]
             S["t_total"][i] += evals[0]
@@ -463,8 +491,45 @@ def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **
 
 
 def _read_records(path) -> dict:
-    """Finished targets in a horizons JSONL file, keyed by (settings_hash, target_index)."""
-    return _read_jsonl(path, key=lambda r: (r.get("settings_hash"), r.get("target_index")))
+    """Trusted finished targets in a horizons JSONL file, keyed by (settings_hash,
+    target_index); a bad line warns (:class:`~embgeom.cramming._curve.ResumeRecordWarning`)
+    and its target runs again (:func:`_horizon_problem`)."""
+    return _read_jsonl(path, key=lambda r: (r.get("settings_hash"), r.get("target_index")),
+                       check=_horizon_problem)
+
+
+def _horizon_problem(r: dict) -> str | None:
+    """Why a horizon record cannot be trusted (a key missing, a wrong type, a value out of
+    range or against its own settings), or None."""
+    if r.get("kind") != "horizon":
+        return "kind is not 'horizon'"
+    for k, low in (("target_index", 0), ("n_mem", 1), ("horizon", 0), ("steps", 0)):
+        if k not in r:
+            return f"no {k!r}"
+        if not _is_int(r[k], low):
+            return f"{k} = {r[k]!r} is not an int >= {low}"
+    if not isinstance(r.get("censored"), bool):
+        return "censored is missing or not true/false"
+    if r.get("stop_reason") not in HORIZON_STOP_REASONS:
+        return f"stop_reason = {r.get('stop_reason')!r} is not one of {HORIZON_STOP_REASONS}"
+    if r["censored"] != (r["stop_reason"] in ("max_length", "max_steps")):
+        return f"censored = {r['censored']} does not match stop_reason {r['stop_reason']!r}"
+    pairs = r.get("lengths_steps")
+    if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and _is_int(p[0], 1) and _is_int(p[1], 0)
+            for p in pairs):
+        return "lengths_steps is not a list of [length >= 1, updates >= 0] pairs"
+    if not isinstance(r.get("generation_ok"), (bool, type(None))):
+        return "generation_ok is not true/false/null"
+    problem = _settings_problem(r)
+    if problem is not None:
+        return problem
+    st = r["settings"]
+    if not _is_int(st.get("max_length"), 1) or st.get("n_mem") != r["n_mem"]:
+        return "settings' max_length or n_mem do not fit the record"
+    if r["horizon"] > st["max_length"]:
+        return f"horizon = {r['horizon']} > max_length = {st['max_length']}"
+    return None
 
 
 def _targets_descriptor(T: np.ndarray) -> str:
@@ -570,10 +635,20 @@ def horizons(
     Raises
     ------
     TypeError, ValueError
-        Bad model, targets, protocol or budgets (checked before any work).
+        Bad model, targets, protocol or budgets, a ``jsonl`` that is a folder or lies below
+        a file (checked before any work).
     FloatingPointError
         The optimisation diverged.
+
+    Warns
+    -----
+    embgeom.cramming.ResumeRecordWarning
+        A line of ``jsonl`` that is not a trusted horizon record (not JSON, a key missing, a
+        field of the wrong type, a horizon above its ``max_length``, negative steps, settings
+        that do not hash to its ``settings_hash``): named by file and line number, its target
+        run again. A last line cut short by an interrupted write is removed without a warning.
     """
+    _check_jsonl(jsonl, checkpoints=True)
     n_mem = check_positive_int(n_mem, "n_mem")
     steps_per_length = check_positive_int(steps_per_length, "steps_per_length")
     max_steps = None if max_steps is None else check_positive_int(max_steps, "max_steps")

@@ -191,6 +191,23 @@ def _check_flag(x, name: str) -> bool:
     return bool(x)
 
 
+def _check_progress(x, name: str = "progress") -> bool:
+    """The ``progress`` of the cramming entry points: True or False as given, or None (their
+    default) for bars only where stderr is a terminal (:func:`embgeom._progress.
+    progress_enabled`), so that a job logging to a file is not flooded with redraws.
+
+    Raises
+    ------
+    TypeError
+        Neither None nor True/False.
+    """
+    if x is None:
+        from embgeom._progress import progress_enabled
+
+        return progress_enabled()
+    return _check_flag(x, name)
+
+
 def _check_cram_options(*, steps=1000, lr=1e-2, init_scale=1.0, betas=(0.9, 0.999),
                         adam_eps=1e-8, weight_decay=0.0, patience=None,
                         precision="float32") -> _CramOptions:

@@ -18,8 +18,8 @@ from embgeom import _json
 from embgeom._hf import check_device, dtype_name, model_device_dtype, unwrap
 from embgeom._validation import check_positive_int
 
-from ._curve import accessibility_curve, mixed_curves
-from ._optimise import _check_cram_options
+from ._curve import _check_jsonl, accessibility_curve, mixed_curves
+from ._optimise import _check_cram_options, _check_progress
 from ._targets import source_descriptor
 from .analysis import fit_slope, n50
 from .plots import plot_accessibility, plot_n50
@@ -168,7 +168,7 @@ def run_cram(
     c_theory: float | None = None,
     check_generation: bool = True,
     start_token="auto",
-    progress: bool = True,
+    progress: bool | None = None,
     precision: str = "float32",
     weight_decay: float = 0.0,
     patience: int | None = None,
@@ -209,7 +209,9 @@ def run_cram(
         Bootstrap draws of :func:`n50`.
     c_theory : float, optional
         Theoretical slope for the ratio in :func:`fit_slope`.
-    progress : bool, default True
+    progress : bool or None, default None
+        tqdm bars; None: only where stderr is a terminal (a job writing to a log file gets
+        none).
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
         Where the batches of targets run (see :func:`accessibility_curve`); one connection for
         the whole sweep. When ``model_name`` is a name or path, each Ray worker process loads
@@ -226,7 +228,8 @@ def run_cram(
     Raises
     ------
     TypeError, ValueError
-        Bad arguments, checked before the model is loaded where they do not need it.
+        Bad arguments, checked before the model is loaded where they do not need it;
+        ``out_dir`` or its ``cram.jsonl`` exists and is not a folder / a file.
     OSError
         ``out_dir`` cannot be written (checked before the model is loaded).
     """
@@ -243,7 +246,9 @@ def run_cram(
     _check_cram_options(steps=steps, lr=lr, weight_decay=weight_decay, patience=patience,
                         precision=precision, **cram_kwargs)
     check_device(device)
+    progress = _check_progress(progress)
     out = _check_out_dir(out_dir)
+    _check_jsonl(out / "cram.jsonl", "out_dir")
     model = _load(model_name)
     hf, _, name, _ = unwrap(model)
     device = check_device(device)

@@ -63,7 +63,7 @@ from ._curve import (
 )
 from ._optimise import PRECISIONS, _embedding_stats, _model_forward
 from ._protocols import DEFAULT_PROTOCOL, CramProtocol, get_protocol
-from ._targets import _TAG_INIT, check_targets, sample_targets, source_descriptor
+from ._targets import check_targets, sample_targets, source_descriptor
 from .analysis import HorizonCurve
 
 __all__ = ["horizons", "HORIZON_STOP_REASONS"]
@@ -256,19 +256,179 @@ def _confirm_float32(su: _Setup, param: _Param, Q, rows, T, te, k):
     return hits.long().cumprod(1).sum(1)
 
 
-def _run_adam_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, ckpt: Path | None,
-                    shash: str, checkpoint_every: int, bar):
-    """Progressive cramming of one batch with the Adam family; fills and returns ``state``."""
+def _embed_targets(su: _Setup, T: torch.Tensor) -> torch.Tensor:
+    """Input embeddings (B, n-1, d) of the targets' tokens but the last, in the model dtype."""
     B, n_max = T.shape
     with torch.no_grad():
-        te = su.emb(T[:, :-1]).to(su.mdtype) if n_max > 1 else \
+        return su.emb(T[:, :-1]).to(su.mdtype) if n_max > 1 else \
             torch.zeros(B, 0, su.mu.shape[0], dtype=su.mdtype, device=su.dev)
+
+
+def _leading_right(su: _Setup, param: _Param, Q, rows, T, te, k, hits) -> torch.Tensor:
+    """Leading tokens right (b,), within the window K, from the training forward's ``hits``;
+    under bf16 a row that reached its length is confirmed by a float32 forward."""
+    lead = hits.long().cumprod(1).sum(1)
+    if su.bf16 and bool((lead >= k).any()):
+        grow_cand = lead >= k
+        lead32 = _confirm_float32(su, param, Q.detach(), rows, T, te, k)
+        lead = torch.where(grow_cand, lead32, lead)
+    return lead
+
+
+def _record_length(S: dict, i: int, c: int, P_row: torch.Tensor) -> None:
+    """Row i crammed every length up to ``c`` with memory ``P_row``: log the attempt, keep the
+    vector as its horizon's, and move it on to length ``c + 1`` with a fresh length budget."""
+    S["lengths_steps"][i].append([int(S["k"][i]), int(S["t_len"][i])])
+    S["h"][i] = c
+    S["P_h"][i] = P_row
+    S["k"][i] = c + 1
+    S["t_len"][i] = 0
+    S["best_acc"][i] = 0.0
+    S["last_rise"][i] = 0
+
+
+def _grow_adam_row(su: _Setup, S: dict, param: _Param, Q, rows, r: int, lead: int,
+                   n_max: int) -> None:
+    """Row ``r`` of the step (batch row ``rows[r]``) crammed its length: record it, grow it to
+    its next length (warm: past every leading-right token; cold: by one, from the
+    initialisation), reset its Adam state as the protocol says, and stop it at ``n_max``."""
+    proto = su.proto
+    i = int(rows[r])
+    # warm: every length up to the leading-right count is crammed by this vector;
+    # cold (the per-length protocol): exactly this length, the next starts afresh
+    c = lead if su.warm_start else int(S["k"][i])
+    _record_length(S, i, c, param.memory(Q.detach()[r : r + 1], rows[r : r + 1])[0])
+    S["best_loss"][i] = math.inf
+    S["since_best"][i] = 0
+    S["best_Q"][i] = Q.detach()[r]
+    if proto.reset_on_grow:
+        S["m1"][i] = 0
+        S["m2"][i] = 0
+        S["ta"][i] = 0
+    if not su.warm_start:  # a fresh start at every length (the per-length runs)
+        S["Q"][i] = param.Q0[i]
+        S["m1"][i] = 0
+        S["m2"][i] = 0
+        S["ta"][i] = 0
+        S["lr_scale"][i] = 1.0
+    if c >= n_max:
+        S["done"][i] = True
+        S["reason"][i] = "max_length"
+
+
+def _length_means(su: _Setup, ce_tok, hits, k, K: int):
+    """Each row's mean cross-entropy (b,) (with grad) and token accuracy (b,) over its own
+    first ``k`` positions of a forward of window K."""
+    pos = torch.arange(K, device=su.dev)
+    mask = (pos[None, :] < k[:, None]).to(ce_tok.dtype)
+    ce = (ce_tok * mask).sum(1) / k.to(ce_tok.dtype)
+    with torch.no_grad():
+        acc = (hits.to(ce_tok.dtype) * mask).sum(1) / k.to(ce_tok.dtype)
+    return ce, acc
+
+
+def _note_progress(S: dict, i: int, acc: float, loss: float) -> None:
+    """Row i's accuracy and loss at its current length; a new best accuracy marks a rise
+    (for patience)."""
+    S["last_acc"][i] = acc
+    S["last_loss"][i] = loss
+    if acc > float(S["best_acc"][i]):
+        S["best_acc"][i] = acc
+        S["last_rise"][i] = int(S["t_len"][i])
+
+
+def _stop_reason(su: _Setup, S: dict, i: int) -> str | None:
+    """Why row i's current length has failed (its budget, the protocol's patience, the total
+    cap), or None while it may go on."""
+    if int(S["t_len"][i]) >= su.steps_per_length:
+        return "budget"
+    if su.proto.patience is not None and \
+            int(S["t_len"][i]) - int(S["last_rise"][i]) >= su.proto.patience:
+        return "patience"
+    if int(S["t_total"][i]) >= su.max_steps:
+        return "max_steps"
+    return None
+
+
+def _fail_length(S: dict, i: int, reason: str) -> None:
+    """Row i failed its current length: log the attempt and stop the row."""
+    S["lengths_steps"][i].append([int(S["k"][i]), int(S["t_len"][i])])
+    S["done"][i] = True
+    S["reason"][i] = reason
+
+
+def _judge_adam_row(su: _Setup, S: dict, i: int, acc: float, loss: float, Q_row) -> bool:
+    """Record row i's accuracy, loss and lowest-loss vector ``Q_row``; True if its length has
+    failed (the row is then stopped)."""
+    _note_progress(S, i, acc, loss)
+    if loss < float(S["best_loss"][i]):
+        S["best_loss"][i] = loss
+        S["best_Q"][i] = Q_row
+        S["since_best"][i] = 0
+    fail = _stop_reason(su, S, i)
+    if fail is not None:
+        _fail_length(S, i, fail)
+    return fail is not None
+
+
+def _adam_step(su: _Setup, S: dict, Q, rows, ce, update) -> None:
+    """One Adam update of the step's rows where ``update`` (b,) holds, from the gradient of
+    their summed losses ``ce`` (b,); then the protocol's restarts."""
+    proto = su.proto
+    sel = update.nonzero()[:, 0]
+    (g,) = torch.autograd.grad(ce[sel].sum(), Q)
+    with torch.no_grad():
+        ri = rows[sel]
+        lr = _lr(proto, S["t_total"][ri], S["t_len"][ri], S["lr_scale"][ri], su.steps_per_length)
+        Qn, m1, m2 = _adam_update(proto, Q.detach()[sel], g[sel], S["m1"][ri],
+                                  S["m2"][ri], S["ta"][ri], lr)
+        S["Q"][ri], S["m1"][ri], S["m2"][ri] = Qn, m1, m2
+        S["ta"][ri] += 1
+        S["t_len"][ri] += 1
+        S["t_total"][ri] += 1
+        S["since_best"][ri] += 1
+        if proto.restart_after is not None:
+            _restart_rows(proto, S, ri)
+
+
+def _restart_rows(proto: CramProtocol, S: dict, ri) -> None:
+    """Rows of ``ri`` without a new lowest loss for ``restart_after`` updates go back to their
+    lowest-loss vector, with cleared moments and their lr scaled by ``restart_lr_factor``."""
+    for i in ri[S["since_best"][ri] >= proto.restart_after].tolist():
+        S["Q"][i] = S["best_Q"][i]
+        S["m1"][i] = 0
+        S["m2"][i] = 0
+        S["ta"][i] = 0
+        S["since_best"][i] = 0
+        S["lr_scale"][i] *= proto.restart_lr_factor
+
+
+def _end_step(S: dict, rows, t0: float, bar, ckpt: Path | None, shash: str,
+              checkpoint_every: int) -> None:
+    """Close a batch step: share its CPU time among its rows, count it, update the bar, and
+    save the checkpoint every ``checkpoint_every`` steps."""
+    dt = time.process_time() - t0
+    S["cpu_s"][rows] += dt / len(rows)  # the step's CPU time, shared by the rows in it
+    S["step"] += 1
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(running=int((~S["done"]).sum()),
+                        horizon=f"{float(S['h'].double().mean()):.1f}")
+    if ckpt is not None and S["step"] % checkpoint_every == 0:
+        _save_checkpoint(ckpt, S, shash)
+
+
+def _run_adam_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, ckpt: Path | None,
+                    shash: str, checkpoint_every: int, bar):
+    """Progressive cramming of one batch with the Adam family; fills and returns ``state``.
+
+    Each step is one forward of the running rows: it grows the rows that crammed their length,
+    judges the others at theirs, and updates those still running within the window."""
+    B, n_max = T.shape
+    te = _embed_targets(su, T)
     P0 = _init_rows(su, seeds)
     param = _Param(su.proto.parametrisation, P0, su.mu, su.sd, su.emb, su.vocab, su.proto.rank)
-    if state is None:
-        state = _new_state(param.Q0, P0)
-    S = state
-    proto, budget = su.proto, su.steps_per_length
+    S = _new_state(param.Q0, P0) if state is None else state
     while not bool(S["done"].all()):
         t0 = time.process_time()
         rows = (~S["done"]).nonzero()[:, 0]
@@ -276,106 +436,24 @@ def _run_adam_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, ckpt: Pa
         k = S["k"][rows]
         ce_tok, hits, K = _forward(su, param, Q, rows, T, te, k)
         with torch.no_grad():
-            lead = hits.long().cumprod(1).sum(1)  # leading tokens right, within the window K
-            if su.bf16 and bool((lead >= k).any()):
-                grow_cand = lead >= k
-                lead32 = _confirm_float32(su, param, Q.detach(), rows, T, te, k)
-                lead = torch.where(grow_cand, lead32, lead)
+            lead = _leading_right(su, param, Q, rows, T, te, k, hits)
             grew = lead >= k
-            # rows that crammed their length: record, take the vector, grow
             for r in grew.nonzero()[:, 0].tolist():
-                i = int(rows[r])
-                S["lengths_steps"][i].append([int(S["k"][i]), int(S["t_len"][i])])
-                # warm: every length up to the leading-right count is crammed by this vector;
-                # cold (the per-length protocol): exactly this length, the next starts afresh
-                c = int(lead[r]) if su.warm_start else int(S["k"][i])
-                S["h"][i] = c
-                S["P_h"][i] = param.memory(Q.detach()[r : r + 1], rows[r : r + 1])[0]
-                S["k"][i] = c + 1
-                S["t_len"][i] = 0
-                S["best_acc"][i] = 0.0
-                S["last_rise"][i] = 0
-                S["best_loss"][i] = math.inf
-                S["since_best"][i] = 0
-                S["best_Q"][i] = Q.detach()[r]
-                if proto.reset_on_grow:
-                    S["m1"][i] = 0
-                    S["m2"][i] = 0
-                    S["ta"][i] = 0
-                if not su.warm_start:  # a fresh start at every length (the per-length runs)
-                    S["Q"][i] = param.Q0[i]
-                    S["m1"][i] = 0
-                    S["m2"][i] = 0
-                    S["ta"][i] = 0
-                    S["lr_scale"][i] = 1.0
-                if c >= n_max:
-                    S["done"][i] = True
-                    S["reason"][i] = "max_length"
-        k_new = S["k"][rows]
+                _grow_adam_row(su, S, param, Q, rows, r, int(lead[r]), n_max)
         # the loss of every row at its (possibly new) length, from the same forward
-        pos = torch.arange(K, device=su.dev)
-        mask = (pos[None, :] < k_new[:, None]).to(ce_tok.dtype)
-        ce = (ce_tok * mask).sum(1) / k_new.to(ce_tok.dtype)
+        k_new = S["k"][rows]
+        ce, acc = _length_means(su, ce_tok, hits, k_new, K)
         with torch.no_grad():
-            acc = (hits.to(ce_tok.dtype) * mask).sum(1) / k_new.to(ce_tok.dtype)
             # a row whose new length lies past this window, or that restarted cold, has no
             # loss here: it takes no update this step
             update = ~S["done"][rows] & (k_new <= K) & (su.warm_start | ~grew)
             for r in (~grew & ~S["done"][rows]).nonzero()[:, 0].tolist():
-                i = int(rows[r])
-                a = float(acc[r])
-                S["last_acc"][i] = a
-                S["last_loss"][i] = float(ce[r])
-                if a > float(S["best_acc"][i]):
-                    S["best_acc"][i] = a
-                    S["last_rise"][i] = int(S["t_len"][i])
-                if float(ce[r]) < float(S["best_loss"][i]):
-                    S["best_loss"][i] = float(ce[r])
-                    S["best_Q"][i] = Q.detach()[r]
-                    S["since_best"][i] = 0
-                fail = None
-                if int(S["t_len"][i]) >= budget:
-                    fail = "budget"
-                elif proto.patience is not None and \
-                        int(S["t_len"][i]) - int(S["last_rise"][i]) >= proto.patience:
-                    fail = "patience"
-                elif int(S["t_total"][i]) >= su.max_steps:
-                    fail = "max_steps"
-                if fail is not None:
-                    S["lengths_steps"][i].append([int(S["k"][i]), int(S["t_len"][i])])
-                    S["done"][i] = True
-                    S["reason"][i] = fail
+                if _judge_adam_row(su, S, int(rows[r]), float(acc[r]), float(ce[r]),
+                                   Q.detach()[r]):
                     update[r] = False
         if bool(update.any()):
-            sel = update.nonzero()[:, 0]
-            (g,) = torch.autograd.grad(ce[sel].sum(), Q)
-            with torch.no_grad():
-                ri = rows[sel]
-                lr = _lr(proto, S["t_total"][ri], S["t_len"][ri], S["lr_scale"][ri], budget)
-                Qn, m1, m2 = _adam_update(proto, Q.detach()[sel], g[sel], S["m1"][ri],
-                                          S["m2"][ri], S["ta"][ri], lr)
-                S["Q"][ri], S["m1"][ri], S["m2"][ri] = Qn, m1, m2
-                S["ta"][ri] += 1
-                S["t_len"][ri] += 1
-                S["t_total"][ri] += 1
-                S["since_best"][ri] += 1
-                if proto.restart_after is not None:
-                    for i in ri[S["since_best"][ri] >= proto.restart_after].tolist():
-                        S["Q"][i] = S["best_Q"][i]
-                        S["m1"][i] = 0
-                        S["m2"][i] = 0
-                        S["ta"][i] = 0
-                        S["since_best"][i] = 0
-                        S["lr_scale"][i] *= proto.restart_lr_factor
-        dt = time.process_time() - t0
-        S["cpu_s"][rows] += dt / len(rows)  # the step's CPU time, shared by the rows in it
-        S["step"] += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(running=int((~S["done"]).sum()),
-                            horizon=f"{float(S['h'].double().mean()):.1f}")
-        if ckpt is not None and S["step"] % checkpoint_every == 0:
-            _save_checkpoint(ckpt, S, shash)
+            _adam_step(su, S, Q, rows, ce, update)
+        _end_step(S, rows, t0, bar, ckpt, shash, checkpoint_every)
     return S
 
 
@@ -392,6 +470,81 @@ def _run_adam_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, ckpt: Pa
 _LBFGS_MAX_EVAL = 25
 
 
+class _LbfgsRow:
+    """One target's L-BFGS run: its vector ``q`` (1, m, d), the optimiser (new at every
+    length), and the closure evaluations of the last iteration (each counts as one update)."""
+
+    def __init__(self, su: _Setup, param: _Param, S: dict, i: int, T, te):
+        self.su, self.param, self.S, self.i, self.T, self.te = su, param, S, i, T, te
+        self.rows = torch.tensor([i], device=su.dev)
+        self.q = S["Q"][i : i + 1].clone().requires_grad_(True)
+        self.new_optimiser()
+        self.evals = 0
+
+    def new_optimiser(self) -> None:
+        """A fresh ``torch.optim.LBFGS`` (no curvature pairs) over ``q``."""
+        self.opt = torch.optim.LBFGS([self.q], lr=self.su.proto.lr,
+                                     history_size=self.su.proto.lbfgs_history, max_iter=1,
+                                     line_search_fn="strong_wolfe")
+
+    def forward(self):
+        """Per-token cross-entropy (1, K), argmax hits (1, K) and K at the row's length."""
+        return _forward(self.su, self.param, self.q, self.rows, self.T, self.te,
+                        self.S["k"][self.rows])
+
+    def closure(self):
+        """The mean cross-entropy over the row's length, with its gradient in ``q``."""
+        self.opt.zero_grad()
+        ce_tok, _, K = self.forward()
+        loss = ce_tok[0, : int(self.S["k"][self.i])].mean()
+        loss.backward()
+        self.evals += 1
+        return loss
+
+    def iterate(self, bar) -> None:
+        """One L-BFGS iteration, its line search held to the evaluations the length's budget
+        and the total cap leave; the evaluations are counted as updates."""
+        su, S, i = self.su, self.S, self.i
+        self.evals = 0
+        left = min(su.steps_per_length - int(S["t_len"][i]), su.max_steps - int(S["t_total"][i]))
+        self.opt.param_groups[0]["max_eval"] = max(1, min(_LBFGS_MAX_EVAL, left - 1))
+        self.opt.step(self.closure)
+        S["t_len"][i] += self.evals
+        S["t_total"][i] += self.evals
+        if not bool(torch.isfinite(self.q).all()):
+            raise FloatingPointError("horizons: L-BFGS produced non-finite memory vectors")
+        if bar is not None:
+            bar.update(self.evals)
+
+
+def _run_lbfgs_row(su: _Setup, param: _Param, S: dict, i: int, T, te, n_max: int, bar) -> None:
+    """Progressive cramming of batch row i with L-BFGS until it stops; fills ``S``."""
+    row = _LbfgsRow(su, param, S, i, T, te)
+    while True:
+        with torch.no_grad():
+            ce_tok, hits, K = row.forward()
+        lead = int(hits.long().cumprod(1).sum(1)[0])
+        k = int(S["k"][i])
+        if lead >= k:
+            c = lead if su.warm_start else k
+            _record_length(S, i, c, row.q.detach()[0])
+            if not su.warm_start:
+                with torch.no_grad():
+                    row.q.copy_(param.Q0[i : i + 1])
+            row.new_optimiser()
+            if c >= n_max:
+                S["done"][i], S["reason"][i] = True, "max_length"
+                break
+            continue
+        _note_progress(S, i, float(hits[0, :k].double().mean()), float(ce_tok[0, :k].mean()))
+        fail = _stop_reason(su, S, i)
+        if fail is not None:
+            _fail_length(S, i, fail)
+            break
+        row.iterate(bar)
+    S["Q"][i] = row.q.detach()[0]
+
+
 def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **_):
     """Progressive cramming with ``torch.optim.LBFGS``, one target at a time (its line search
     is per problem); every closure evaluation (forward + backward) counts as one update.
@@ -401,86 +554,15 @@ def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **
     evaluations left: the budgets hold, except that an iteration needs two evaluations (the
     gradient and one trial point), so with one left it overshoots by one."""
     B, n_max = T.shape
-    with torch.no_grad():
-        te = su.emb(T[:, :-1]).to(su.mdtype) if n_max > 1 else \
-            torch.zeros(B, 0, su.mu.shape[0], dtype=su.mdtype, device=su.dev)
+    te = _embed_targets(su, T)
     P0 = _init_rows(su, seeds)
     param = _Param("full", P0, su.mu, su.sd, su.emb, su.vocab, 1)
     S = _new_state(param.Q0, P0) if state is None else state
-    budget = su.steps_per_length
     for i in range(B):
         if bool(S["done"][i]):
             continue
         t0 = time.process_time()
-        rows = torch.tensor([i], device=su.dev)
-        q = S["Q"][i : i + 1].clone().requires_grad_(True)
-
-        def make_opt():
-            return torch.optim.LBFGS([q], lr=su.proto.lr, history_size=su.proto.lbfgs_history,
-                                     max_iter=1, line_search_fn="strong_wolfe")
-
-        opt = make_opt()
-        evals = [0]
-
-        def closure():
-            opt.zero_grad()
-            ce_tok, _, K = _forward(su, param, q, rows, T, te, S["k"][rows])
-            loss = ce_tok[0, : int(S["k"][i])].mean()
-            loss.backward()
-            evals[0] += 1
-            return loss
-
-        while True:
-            with torch.no_grad():
-                ce_tok, hits, K = _forward(su, param, q, rows, T, te, S["k"][rows])
-            lead = int(hits.long().cumprod(1).sum(1)[0])
-            k = int(S["k"][i])
-            if lead >= k and not su.warm_start:
-                lead = k
-            if lead >= k:
-                S["lengths_steps"][i].append([k, int(S["t_len"][i])])
-                S["h"][i] = lead
-                S["P_h"][i] = q.detach()[0]
-                S["k"][i] = lead + 1
-                S["t_len"][i] = 0
-                S["best_acc"][i] = 0.0
-                S["last_rise"][i] = 0
-                if not su.warm_start:
-                    with torch.no_grad():
-                        q.copy_(param.Q0[i : i + 1])
-                opt = make_opt()
-                if lead >= n_max:
-                    S["done"][i], S["reason"][i] = True, "max_length"
-                    break
-                continue
-            acc = float(hits[0, :k].double().mean())
-            S["last_acc"][i] = acc
-            S["last_loss"][i] = float(ce_tok[0, :k].mean())
-            if acc > float(S["best_acc"][i]):
-                S["best_acc"][i], S["last_rise"][i] = acc, int(S["t_len"][i])
-            fail = None
-            if int(S["t_len"][i]) >= budget:
-                fail = "budget"
-            elif su.proto.patience is not None and \
-                    int(S["t_len"][i]) - int(S["last_rise"][i]) >= su.proto.patience:
-                fail = "patience"
-            elif int(S["t_total"][i]) >= su.max_steps:
-                fail = "max_steps"
-            if fail is not None:
-                S["lengths_steps"][i].append([k, int(S["t_len"][i])])
-                S["done"][i], S["reason"][i] = True, fail
-                break
-            evals[0] = 0
-            left = min(budget - int(S["t_len"][i]), su.max_steps - int(S["t_total"][i]))
-            opt.param_groups[0]["max_eval"] = max(1, min(_LBFGS_MAX_EVAL, left - 1))
-            opt.step(closure)
-            S["t_len"][i] += evals[0]
-            S["t_total"][i] += evals[0]
-            if not bool(torch.isfinite(q).all()):
-                raise FloatingPointError("horizons: L-BFGS produced non-finite memory vectors")
-            if bar is not None:
-                bar.update(evals[0])
-        S["Q"][i] = q.detach()[0]
+        _run_lbfgs_row(su, param, S, i, T, te, n_max, bar)
         S["cpu_s"][i] += time.process_time() - t0
     return S
 
@@ -649,6 +731,69 @@ def horizons(
         run again. A last line cut short by an interrupted write is removed without a warning.
     """
     _check_jsonl(jsonl, checkpoints=True)
+    (n_mem, steps_per_length, max_steps, batch_size, checkpoint_every, n_boot, max_batches,
+     proto, init_scale) = _check_arguments(
+        n_mem=n_mem, steps_per_length=steps_per_length, max_steps=max_steps,
+        batch_size=batch_size, checkpoint_every=checkpoint_every, n_boot=n_boot,
+        max_batches=max_batches, warm_start=warm_start, check_generation=check_generation,
+        progress=progress, precision=precision, protocol=protocol, init_scale=init_scale)
+    hf, tok, name, _ = unwrap(model)
+    emb = input_embeddings(hf)
+    vocab = vocab_rows(hf)
+    start = resolve_start_token(hf, tok, start_token, vocab)
+    T_np, source = _horizon_targets(model, hf, vocab, start, n_mem, targets=targets,
+                                    max_length=max_length, n_targets=n_targets,
+                                    target_source=target_source, seed=seed)
+    B_all, n_max = T_np.shape
+    device = check_device(device)
+    if device is not None:
+        hf.to(device)
+    dev, mdtype = model_device_dtype(hf)
+    settings = _horizon_settings(
+        hf, name, mdtype, start=start, n_mem=n_mem, proto=proto,
+        steps_per_length=steps_per_length, max_steps=max_steps, seed=seed, source=source,
+        n_max=n_max, batch_size=batch_size, warm_start=warm_start, init_scale=init_scale,
+        precision=precision)
+    shash = _settings_hash(settings)
+    done = _read_records(jsonl)
+    if jsonl is not None:
+        Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+    batches, todo = _batches_to_run(B_all, batch_size, shash, done, max_batches)
+    memory: dict = {}
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=f"horizons m={n_mem} {proto.name}", unit="step", leave=False)
+    try:
+        with frozen(hf):
+            mu, sd = _embedding_stats(emb, vocab)
+            su = _Setup(hf, emb, start, mdtype, dev, proto, steps_per_length,
+                        max_steps if max_steps is not None else 2**62, n_mem,
+                        precision == "bf16-autocast", bool(warm_start), mu, sd, vocab,
+                        float(init_scale))
+            for b in todo:
+                memory.update(_run_batch(su, b, batches[b], T_np, seed, jsonl, shash, settings,
+                                         done, checkpoint_every=checkpoint_every,
+                                         check_generation=check_generation, bar=bar))
+    finally:
+        if bar is not None:
+            bar.close()
+    recs = [done[(shash, j)] for j in range(B_all) if (shash, j) in done]
+    curve = HorizonCurve.from_records(recs, n_mem=n_mem, max_length=int(n_max),
+                                      n_targets=B_all, settings=settings, n_boot=n_boot,
+                                      seed=seed if isinstance(seed, int) else 0)
+    curve.memory = memory
+    curve.targets = T_np
+    return curve
+
+
+def _check_arguments(*, n_mem, steps_per_length, max_steps, batch_size, checkpoint_every, n_boot,
+                     max_batches, warm_start, check_generation, progress, precision, protocol,
+                     init_scale):
+    """:func:`horizons`' counts, flags, precision, protocol and init scale, checked in that
+    order; returns ``(n_mem, steps_per_length, max_steps, batch_size, checkpoint_every, n_boot,
+    max_batches, proto, init_scale)`` as ints (None kept), a CramProtocol and a float."""
     n_mem = check_positive_int(n_mem, "n_mem")
     steps_per_length = check_positive_int(steps_per_length, "steps_per_length")
     max_steps = None if max_steps is None else check_positive_int(max_steps, "max_steps")
@@ -665,10 +810,14 @@ def horizons(
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
     proto = get_protocol(protocol)
     init_scale = check_positive(init_scale, "init_scale")
-    hf, tok, name, _ = unwrap(model)
-    emb = input_embeddings(hf)
-    vocab = vocab_rows(hf)
-    start = resolve_start_token(hf, tok, start_token, vocab)
+    return (n_mem, steps_per_length, max_steps, batch_size, checkpoint_every, n_boot, max_batches,
+            proto, init_scale)
+
+
+def _horizon_targets(model, hf, vocab: int, start, n_mem: int, *, targets, max_length,
+                     n_targets, target_source, seed):
+    """The targets (B, n) (given, or drawn by :func:`sample_targets`) and their descriptor for
+    the settings; checks that start token + memory + target fit the model's positions."""
     if targets is not None:
         T_np = check_targets(targets, vocab)
         source = _targets_descriptor(T_np)
@@ -678,16 +827,20 @@ def horizons(
         T_np = sample_targets(model, max_length, n_targets, target_source=target_source,
                               seed=seed)
         source = source_descriptor(target_source)
-    B_all, n_max = T_np.shape
+    n_max = T_np.shape[1]
     check_positions(hf, (start is not None) + n_mem + n_max - 1,
                     "targets" if targets is not None else "max_length",
                     f"{int(start is not None)} start token + {n_mem} memory vectors + a "
                     f"{n_max}-token target")
-    device = check_device(device)
-    if device is not None:
-        hf.to(device)
-    dev, mdtype = model_device_dtype(hf)
-    settings = {
+    return T_np, source
+
+
+def _horizon_settings(hf, name, mdtype, *, start, n_mem, proto, steps_per_length, max_steps,
+                      seed, source, n_max, batch_size, warm_start, init_scale,
+                      precision) -> dict:
+    """The settings of a horizons run, as hashed into ``settings_hash`` and stored in every
+    record (their keys, order and values are part of the resume format: do not change)."""
+    return {
         "kind": "horizons", "model": _model_fingerprint(hf, name),
         "dtype": dtype_name(mdtype), "start_token": start, "n_mem": n_mem,
         "protocol": proto.to_dict(), "steps_per_length": steps_per_length,
@@ -695,63 +848,46 @@ def horizons(
         "target_source": source, "max_length": int(n_max), "batch_size": batch_size,
         "warm_start": bool(warm_start), "init_scale": float(init_scale), "precision": precision,
     }
-    shash = _settings_hash(settings)
-    done = _read_records(jsonl)
-    if jsonl is not None:
-        Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _batches_to_run(B_all: int, batch_size: int, shash: str, done: dict, max_batches):
+    """The fixed batches (lists of target indices, in target order) and the indices of those
+    with a target not yet in ``done``, at most ``max_batches`` of them."""
     batches = [list(range(s, min(s + batch_size, B_all))) for s in range(0, B_all, batch_size)]
     todo = [b for b, idx in enumerate(batches) if any((shash, j) not in done for j in idx)]
     if max_batches is not None:
         todo = todo[:max_batches]
-    memory: dict = {}
-    bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
+    return batches, todo
 
-        bar = tqdm(desc=f"horizons m={n_mem} {proto.name}", unit="step", leave=False)
-    try:
-        with frozen(hf):
-            mu, sd = _embedding_stats(emb, vocab)
-            su = _Setup(hf, emb, start, mdtype, dev, proto, steps_per_length,
-                        max_steps if max_steps is not None else 2**62, n_mem,
-                        precision == "bf16-autocast", bool(warm_start), mu, sd, vocab,
-                        float(init_scale))
-            for b in todo:
-                idx = batches[b]
-                T = torch.as_tensor(T_np[idx], device=dev)
-                seeds = [seed_sequence(seed, _TAG_HORIZON, n_mem, j) for j in idx]
-                ckpt = None
-                state = None
-                if jsonl is not None:
-                    ck_dir = Path(str(jsonl) + ".ckpt")
-                    ck_dir.mkdir(exist_ok=True)
-                    ckpt = ck_dir / f"batch_{b}.pt"
-                    state = _load_checkpoint(ckpt, shash)
-                t_wall = time.perf_counter()
-                run = _run_lbfgs_batch if proto.algorithm == "lbfgs" else _run_adam_batch
-                S = run(su, T, seeds, state, ckpt=ckpt, shash=shash,
-                        checkpoint_every=checkpoint_every, bar=bar)
-                wall = time.perf_counter() - t_wall
-                recs = _records(su, S, idx, T_np[idx], shash, settings, wall, check_generation,
-                                hf)
-                for r, j in enumerate(idx):
-                    memory[j] = S["P_h"][r, :n_mem].detach().cpu().numpy().copy()
-                for r in recs:
-                    done[(shash, r["target_index"])] = r
-                if jsonl is not None:
-                    _append_lines(jsonl, [_json.dumps(r) for r in recs])
-                    if ckpt is not None and ckpt.exists():
-                        ckpt.unlink()
-    finally:
-        if bar is not None:
-            bar.close()
-    recs = [done[(shash, j)] for j in range(B_all) if (shash, j) in done]
-    curve = HorizonCurve.from_records(recs, n_mem=n_mem, max_length=int(n_max),
-                                      n_targets=B_all, settings=settings, n_boot=n_boot,
-                                      seed=seed if isinstance(seed, int) else 0)
-    curve.memory = memory
-    curve.targets = T_np
-    return curve
+
+def _run_batch(su: _Setup, b: int, idx: list, T_np, seed, jsonl, shash: str, settings: dict,
+               done: dict, *, checkpoint_every: int, check_generation: bool, bar) -> dict:
+    """Run batch ``b`` (targets ``idx``), from its checkpoint where one fits; its records go into
+    ``done`` and ``jsonl`` (then the checkpoint is removed). Returns each target's horizon
+    memory vectors, float32 (m, d), by target index."""
+    T = torch.as_tensor(T_np[idx], device=su.dev)
+    seeds = [seed_sequence(seed, _TAG_HORIZON, su.n_mem, j) for j in idx]
+    ckpt = None
+    state = None
+    if jsonl is not None:
+        ck_dir = Path(str(jsonl) + ".ckpt")
+        ck_dir.mkdir(exist_ok=True)
+        ckpt = ck_dir / f"batch_{b}.pt"
+        state = _load_checkpoint(ckpt, shash)
+    t_wall = time.perf_counter()
+    run = _run_lbfgs_batch if su.proto.algorithm == "lbfgs" else _run_adam_batch
+    S = run(su, T, seeds, state, ckpt=ckpt, shash=shash, checkpoint_every=checkpoint_every,
+            bar=bar)
+    wall = time.perf_counter() - t_wall
+    recs = _records(su, S, idx, T_np[idx], shash, settings, wall, check_generation, su.hf)
+    memory = {j: S["P_h"][r, :su.n_mem].detach().cpu().numpy().copy() for r, j in enumerate(idx)}
+    for r in recs:
+        done[(shash, r["target_index"])] = r
+    if jsonl is not None:
+        _append_lines(jsonl, [_json.dumps(r) for r in recs])
+        if ckpt is not None and ckpt.exists():
+            ckpt.unlink()
+    return memory
 
 
 def _records(su: _Setup, S: dict, idx, T_np, shash, settings, wall, check_generation, hf):

@@ -218,8 +218,13 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
     rep.add_argument("--seed", type=_seed, default=0,
                      help="seed of every random draw (an integer >= 0); the held-out check uses "
                      "seed + 1")
-    rep.add_argument("--cache-dir", type=_out_dir, default=None,
-                     help="folder for a .npy cache of the sampled hidden states (default: no cache)")
+    cache = rep.add_mutually_exclusive_group()
+    cache.add_argument("--cache-dir", type=_out_dir, default=None,
+                       help="folder for the cache of the sampled hidden states (default: "
+                       "$EMBGEOM_CACHE, else $XDG_CACHE_HOME/embgeom, else ~/.cache/embgeom; "
+                       "a second run with the same model and sizes skips the sampling)")
+    cache.add_argument("--no-cache", action="store_true",
+                       help="neither read nor write cached hidden states")
     rep.add_argument("--cram-summary", default="auto",
                      help="cram_summary.json (or its folder) of an `embgeom cram` run on this model, "
                      "for C_emp; 'auto': the newest under benchmarks/results/ or runs/; 'none': "
@@ -411,7 +416,8 @@ def _cmd_report(args) -> dict:
     from .report import build_report
 
     kw = dict(quick=args.quick, lengths=args.lengths, n_per_length=args.n_per_length,
-              n_cell_samples=args.cell_samples, seed=args.seed, cache_dir=args.cache_dir,
+              n_cell_samples=args.cell_samples, seed=args.seed,
+              cache_dir=None if args.no_cache else (args.cache_dir or "auto"),
               cram_summary=None if args.cram_summary == "none" else args.cram_summary,
               progress=_progress(args))
     _pass_executor(build_report, kw, executor)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -13,6 +16,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # torch's OpenMP threads spin while waiting; on a shared 2-core machine that slows a forward
 # pass several-fold. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# the report caches hidden states in the user's cache folder by default: the tests write to a
+# temporary one (removed at exit), never to ~/.cache/embgeom or a developer's $EMBGEOM_CACHE
+os.environ["EMBGEOM_CACHE"] = tempfile.mkdtemp(prefix="embgeom-test-cache-")
+atexit.register(shutil.rmtree, os.environ["EMBGEOM_CACHE"], ignore_errors=True)
 
 import matplotlib  # noqa: E402
 

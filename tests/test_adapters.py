@@ -203,7 +203,7 @@ def test_sample_hidden_states_protocol(monkeypatch):
 def test_sample_hidden_states_cache(tmp_path, monkeypatch):
     model, _ = _tiny("llama")
     H1, l1 = sample_hidden_states(model, [4, 6], 3, seed=0, cache_dir=tmp_path, progress=False)
-    files = sorted(tmp_path.glob("*.npy"))
+    files = sorted(tmp_path.glob("*.npz"))
     assert len(files) == 1
 
     def boom(*a, **k):
@@ -215,7 +215,7 @@ def test_sample_hidden_states_cache(tmp_path, monkeypatch):
     np.testing.assert_array_equal(l1, l2)
     monkeypatch.undo()
     H3, _ = sample_hidden_states(model, [4, 6], 3, seed=1, cache_dir=tmp_path, progress=False)
-    assert len(sorted(tmp_path.glob("*.npy"))) == 2
+    assert len(sorted(tmp_path.glob("*.npz"))) == 2
     assert not np.allclose(H1, H3)
 
 
@@ -472,7 +472,7 @@ def test_cache_key_ignores_mode_and_training_only_config(tmp_path):
     assert _sample._weights_fingerprint(a) == _sample._weights_fingerprint(b)
     H_a, _ = sample_hidden_states(a, [3], 4, cache_dir=tmp_path, progress=False)
     H_b, _ = sample_hidden_states(b, [3], 4, cache_dir=tmp_path, progress=False)
-    assert len(list(tmp_path.glob("hidden_*.npy"))) == 1
+    assert len(list(tmp_path.glob("hidden_*.npz"))) == 1
     np.testing.assert_array_equal(H_a, H_b)
     with torch.no_grad():
         b.lm_head.weight[0, 0] += 1.0  # tied to the input embedding: the hidden states change

@@ -36,13 +36,14 @@ from ._load import MODEL_REGISTRY, LoadedModel, load_model
 from ._head import FinalNorm
 from ._forward import hidden_states, logits
 from ._unembedding import Unembedding, input_embedding_scale, unembedding
-from ._sample import sample_hidden_states
+from ._sample import default_cache_dir, sample_hidden_states
 
 __all__ = [
     "FinalNorm",
     "LoadedModel",
     "MODEL_REGISTRY",
     "Unembedding",
+    "default_cache_dir",
     "hidden_states",
     "input_embedding_scale",
     "load_model",

@@ -12,6 +12,7 @@ import os
 import re
 import tempfile
 import warnings
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -25,7 +26,10 @@ from .._hf import output_embeddings as _output_embeddings
 from .._validation import check_positive_int, seed_sequence
 from ._forward import _causal_lm, _check_model, _hidden
 
-__all__ = ["sample_hidden_states"]
+__all__ = ["default_cache_dir", "sample_hidden_states"]
+
+#: bumped whenever the sampling protocol or the file format changes (old files are then ignored)
+_CACHE_VERSION = 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -38,11 +42,77 @@ def _length_seed(seed: int, length: int) -> int:
     return int(seed_sequence(seed, length).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+def default_cache_dir() -> Path:
+    """The folder where hidden states are cached when ``cache_dir="auto"`` (the report's default).
+
+    The user's cache folder, as transformers chooses its own: ``$EMBGEOM_CACHE`` when set (the
+    embgeom cache root), else ``$XDG_CACHE_HOME/embgeom``, else ``~/.cache/embgeom``; the hidden
+    states go in its ``hidden_states`` subfolder. Nothing is created here (the first write
+    creates it).
+
+    Returns
+    -------
+    pathlib.Path
+        ``<root>/hidden_states``, with ``~`` expanded.
+
+    Examples
+    --------
+    >>> default_cache_dir().name
+    'hidden_states'
+    """
+    root = os.getenv("EMBGEOM_CACHE") or ""
+    if not root:
+        xdg = os.getenv("XDG_CACHE_HOME") or ""
+        root = os.path.join(xdg, "embgeom") if xdg else os.path.join("~", ".cache", "embgeom")
+    return Path(root).expanduser() / "hidden_states"
+
+
+def _cache_folder(cache_dir) -> Path | None:
+    """``cache_dir`` as a folder: ``None`` (no cache), ``"auto"`` (:func:`default_cache_dir`) or
+    a path; a TypeError naming ``cache_dir`` for anything else."""
+    if cache_dir is None:
+        return None
+    if isinstance(cache_dir, str) and cache_dir == "auto":
+        return default_cache_dir()
+    if not isinstance(cache_dir, (str, os.PathLike)) or isinstance(cache_dir, bool):
+        raise TypeError(f"cache_dir: expected None, 'auto' or a folder path, got "
+                        f"{type(cache_dir).__name__}")
+    return Path(cache_dir).expanduser()
+
+
+def _cache_key(hf, allowed: np.ndarray, lengths: list[int], n: int, seed: int) -> dict:
+    """Everything that decides the sampled hidden states, and nothing else.
+
+    The model (:func:`_weights_fingerprint`: class, result-changing config, every tensor's name,
+    dtype, shape and bytes, so the weights' precision is in it), the attention implementation
+    (eager and SDPA round differently), the torch and transformers versions (a new version may
+    change a model's forward or the generator's draws), the protocol (uniform random token ids
+    from ``allowed``, no BOS, the last position) and its sizes (``lengths``, ``n``, ``seed``).
+    Not in it, since they do not change the states beyond float32 rounding: the batch size, the
+    device (the weights are hashed on the CPU), the training flag and ``requires_grad`` (the
+    forward runs in eval mode, :func:`embgeom._hf.measuring`), the model's name and path.
+    """
+    import transformers
+
+    n_rows, d = _output_embeddings(hf).weight.shape
+    return {"version": _CACHE_VERSION, "weights": _weights_fingerprint(hf),
+            "attn_implementation": str(getattr(hf.config, "_attn_implementation", None)),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "n_rows": int(n_rows), "d": int(d), "text": "uniform random token ids, no BOS",
+            "allowed": hashlib.sha256(allowed.astype("<i8").tobytes()).hexdigest(),
+            "lengths": [int(v) for v in lengths], "n_per_length": int(n), "seed": int(seed)}
+
+
+def _key_text(key: dict) -> str:
+    return json.dumps(key, sort_keys=True)
+
+
 def _cache_path(cache_dir: Path, name: str, key: dict) -> Path:
-    """``hidden_<name>_<sha256 of key, 32 hex>.npy``: the name is for people, the key decides."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    """``hidden_<name>_<sha256 of key, 32 hex>.npz``: the name is for people, the key decides
+    (and is stored inside the file, where :func:`_load_cache` checks it)."""
+    digest = hashlib.sha256(_key_text(key).encode()).hexdigest()[:32]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[-60:] or "model"
-    return cache_dir / f"hidden_{safe}_{digest}.npy"
+    return cache_dir / f"hidden_{safe}_{digest}.npz"
 
 
 # config entries that name a model rather than define it (they never enter the fingerprint)
@@ -99,34 +169,49 @@ def _weights_fingerprint(hf) -> str:
     return digest.hexdigest()
 
 
-def _load_cache(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
+def _read_cache(path: Path) -> tuple[np.ndarray, str]:
+    """``(H, stored key text)`` of a cache file; what numpy and zipfile raise for a bad file."""
+    f = np.load(path, allow_pickle=False)
+    if not isinstance(f, np.lib.npyio.NpzFile):  # a bare .npy array
+        raise ValueError("not an embgeom hidden-state file (an .npz of 'H' and 'key')")
+    with f:
+        if set(f.files) != {"H", "key"}:
+            raise ValueError(f"not an embgeom hidden-state file (arrays {sorted(f.files)}, "
+                             "expected 'H' and 'key')")
+        return f["H"], str(f["key"][()])
+
+
+def _load_cache(path: Path, key: dict, shape: tuple[int, int]) -> np.ndarray | None:
     """The cached array at ``path``, or ``None`` (with a warning naming the file) when it is
-    unreadable, truncated, of the wrong shape or dtype, or not finite."""
+    unreadable or truncated, was written for another key (a renamed or copied file, a hash
+    collision), or has the wrong shape or dtype or values that are not finite."""
     try:
-        H = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
+        H, stored = _read_cache(path)
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
         why = f"unreadable ({type(exc).__name__}: {exc})"
     else:
-        if H.shape != shape or H.dtype != np.float32:
+        if stored != _key_text(key):
+            why = "written for another model or protocol (its stored key differs)"
+        elif H.shape != shape or H.dtype != np.float32:
             why = f"shape {H.shape} dtype {H.dtype}, expected {shape} float32"
         elif not np.isfinite(H).all():
             why = "non-finite values"
         else:
             return H
-    warnings.warn(f"cache file {path} is corrupt ({why}); recomputing it", RuntimeWarning,
+    warnings.warn(f"cache file {path} is not trusted ({why}); recomputing it", RuntimeWarning,
                   stacklevel=3)
     return None
 
 
-def _save_cache(path: Path, H: np.ndarray) -> None:
-    """Write ``H`` atomically (temporary file, then rename); a failure is a warning, not a loss
-    of the computed result."""
+def _save_cache(path: Path, key: dict, H: np.ndarray) -> None:
+    """Write ``H`` and its key atomically (temporary file, then rename); a failure is a warning,
+    not a loss of the computed result."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
         with os.fdopen(fd, "wb") as fh:
-            np.save(fh, H)
+            np.savez(fh, H=H, key=np.array(_key_text(key)))
         os.replace(tmp, path)
     except OSError as exc:
         warnings.warn(f"cannot write cache file {path} ({exc}); the result is not cached",
@@ -167,14 +252,19 @@ def sample_hidden_states(
     seed : int, default 0
         Seed (>= 0). Each length gets its own ``torch.Generator`` seeded from ``(seed, l)``, so
         the draws for one length do not depend on the other lengths.
-    cache_dir : str or path-like, optional
-        If given, the result is stored as ``hidden_<model>_<hash>.npy`` there, the hash over a
-        fingerprint of the model's class, config and weights (all bytes of every tensor, see
-        Notes), the lengths, ``n_per_length``, the seed and the token ids that may be drawn; a
-        later call with the same key loads it instead of running the model. A cache file that
-        cannot be read or has the wrong shape, dtype or non-finite values is recomputed and
-        rewritten, with a ``RuntimeWarning`` naming it; a cache folder that cannot be written is
-        a warning, and the result is returned uncached.
+    cache_dir : None, "auto", str or path-like, default None
+        ``None``: nothing is cached. ``"auto"``: the user's cache folder,
+        :func:`default_cache_dir` (``$EMBGEOM_CACHE``, else ``$XDG_CACHE_HOME/embgeom``, else
+        ``~/.cache/embgeom``; what ``embgeom report`` uses unless ``--no-cache``). A folder:
+        that folder. The result is stored there as ``hidden_<model>_<hash>.npz`` (the array and
+        its key), the key being everything that decides the states (:func:`_cache_key`: a
+        fingerprint of the model's class, config and every byte of its weights with their
+        dtypes, the attention implementation, the torch and transformers versions, the
+        lengths, ``n_per_length``, the seed and the token ids that may be drawn); a later call
+        with the same key loads it instead of running the model. A cache file that cannot be
+        read, whose stored key differs, or that has the wrong shape, dtype or non-finite values
+        is recomputed and rewritten, with a ``RuntimeWarning`` naming it; a cache folder that
+        cannot be written is a warning, and the result is returned uncached.
     progress : bool, default True
         tqdm progress bar over sequences.
 
@@ -188,7 +278,8 @@ def sample_hidden_states(
     Raises
     ------
     TypeError
-        Non-integer lengths, counts or seed; not a model.
+        Non-integer lengths, counts or seed; a ``cache_dir`` that is not None, ``"auto"`` or a
+        path; not a model.
     embgeom._hf.UnsupportedModelError (a TypeError and a ValueError)
         The wrong kind of model (see :func:`hidden_states`): no ``config``, an encoder-decoder
         model, no unembedding.
@@ -225,15 +316,13 @@ def sample_hidden_states(
     row_lengths = np.repeat(np.asarray(lengths, dtype=np.int64), n)
     _check_model(hf)
 
-    path = None
-    if cache_dir is not None:
-        key = {"version": 3, "weights": _weights_fingerprint(hf), "n_rows": int(n_rows),
-               "d": int(d), "lengths": lengths, "n_per_length": n, "seed": seed,
-               "allowed": hashlib.sha256(allowed.astype("<i8").tobytes()).hexdigest(),
-               "bos": False}
-        path = _cache_path(Path(cache_dir), name, key)
+    folder = _cache_folder(cache_dir)
+    path = key = None
+    if folder is not None:
+        key = _cache_key(hf, allowed, lengths, n, seed)
+        path = _cache_path(folder, name, key)
         if path.is_file():
-            H = _load_cache(path, (row_lengths.size, int(d)))
+            H = _load_cache(path, key, (row_lengths.size, int(d)))
             if H is not None:
                 return H, row_lengths
 
@@ -255,5 +344,5 @@ def sample_hidden_states(
                 done += b
                 bar.update(b)
     if path is not None:
-        _save_cache(path, H)
+        _save_cache(path, key, H)
     return H, row_lengths

@@ -74,7 +74,7 @@ def build_report(
     n_calibration_per_length: int | None = None,
     cram_summary=None,
     seed: int = 0,
-    cache_dir=None,
+    cache_dir="auto",
     progress: bool = True,
     executor="local",
 ) -> dict:
@@ -110,8 +110,12 @@ def build_report(
     seed : int, default 0
         Seed of every random draw, an int >= 0: the fit sample uses ``seed``, the fresh sample
         ``seed + 1``, the calibration sample ``seed + 2``.
-    cache_dir : str or Path, optional
-        Folder for the ``.npy`` cache of hidden states.
+    cache_dir : None, "auto", str or Path, default "auto"
+        Where the sampled hidden states are cached (see
+        :func:`embgeom.adapters.sample_hidden_states`): ``"auto"``, the user's cache folder
+        (:func:`embgeom.adapters.default_cache_dir`: ``$EMBGEOM_CACHE``, else
+        ``$XDG_CACHE_HOME/embgeom``, else ``~/.cache/embgeom``), so that a second report on the
+        same model and sizes skips the sampling; a folder; ``None``: no cache.
     progress : bool, default True
         Show tqdm progress bars.
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"

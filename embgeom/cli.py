@@ -195,6 +195,14 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
     def command(name, **kw):
         return sub.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kw)
 
+    _add_report_command(command, add_executor_arguments)
+    _add_cram_command(command, add_executor_arguments)
+    _add_copy_command(command)
+    return parser
+
+
+def _add_report_command(command, add_executor_arguments) -> None:
+    """``embgeom report``: its options (one ``add_argument`` per flag)."""
     rep = command(
         "report",
         help="accessibility report on a model (report.json, report.md, figures)",
@@ -231,6 +239,9 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
                      "do not look")
     add_executor_arguments(rep)
 
+
+def _add_cram_command(command, add_executor_arguments) -> None:
+    """``embgeom cram``: its options, per-length and ``--horizons``."""
     cram = command(
         "cram",
         help="cramming: accessibility vs length, n50 and the empirical slope",
@@ -274,13 +285,13 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
                       help="stop a target after this many steps without a new best accuracy "
                       "(default: never)")
     cram.add_argument("--protocol", choices=CRAM_PROTOCOL_NAMES, default=None,
-                      help="per-length runs: only 'paper', Kuratov et al.'s protocol sized for "
-                      "one 10-minute run on one H200 (5000 steps, patience 2000, AdamW lr 1e-2 "
-                      "betas 0.9 0.9 wd 0.01, bf16 autocast on cuda, all (m, n) rows in mixed "
-                      "batches; smollm2-135m m = 1..4, gemma-3-270m m = 1..2; any option given "
-                      "explicitly overrides the preset). With --horizons: the optimiser preset "
+                      help="the optimiser preset. With --horizons: any of the choices "
                       f"(default {CRAM_DEFAULT_PROTOCOL}; docs/cramming.md lists each with its "
-                      "source)")
+                      "source). Without --horizons (per-length runs) only 'paper' is accepted: "
+                      "Kuratov et al.'s protocol sized for one 10-minute run on one H200 (5000 "
+                      "steps, patience 2000, AdamW lr 1e-2 betas 0.9 0.9 wd 0.01, bf16 autocast "
+                      "on cuda, all (m, n) rows in mixed batches; smollm2-135m m = 1..4, "
+                      "gemma-3-270m m = 1..2; an option given explicitly overrides the preset)")
     cram.add_argument("--horizons", action="store_true",
                       help="progressive cramming: one run per target grows it token by token "
                       "from the previous solution and records its horizon h (longest crammed "
@@ -299,6 +310,9 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
                       "whole-word tokens)")
     add_executor_arguments(cram)
 
+
+def _add_copy_command(command) -> None:
+    """``embgeom copy``: its options."""
     cp = command(
         "copy",
         help="copy task: train a small transformer to copy and find the cliff",
@@ -314,7 +328,6 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
     cp.add_argument("--seed", type=_seed, default=0,
                     help="master seed: initialisation, training and evaluation data get "
                     "independent streams derived from it (an integer >= 0)")
-    return parser
 
 
 # --------------------------------------------------------------------------------------------

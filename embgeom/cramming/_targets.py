@@ -14,6 +14,9 @@ from embgeom._validation import check_int_array, check_positive_int, seed_sequen
 WORD_BOUNDARY_MARKERS = ("\u0120", "\u2581")
 
 _TARGET_CHUNK = 64  # targets are drawn in chunks of this many tokens, so shorter ones are prefixes
+_NEEDS_TOKENIZER = ("needs the model's tokenizer: pass a LoadedModel "
+                    "(embgeom.adapters.load_model), or a model folder that holds its tokenizer "
+                    "files")
 _TAG_TARGET = 0  # seed-domain tags, so target draws and memory initialisations never share streams
 _TAG_INIT = 1
 _TAG_WORDS = 2
@@ -91,7 +94,7 @@ def _token_pool(hf, tok, source: str) -> np.ndarray:
             f'got {source!r}'
         )
     if tok is None:
-        raise ValueError('target_source: "words" needs a tokenizer (pass a LoadedModel)')
+        raise ValueError('target_source: "words" ' + _NEEDS_TOKENIZER)
     special = special_token_ids(hf, tok)
     pieces = tok.convert_ids_to_tokens(list(range(size)))
     pool = np.array(
@@ -164,7 +167,7 @@ def sample_targets(model, length: int, n_targets: int, *, target_source="random-
     if target_source == "wordlist":
         input_embeddings(hf)
         if tok is None:
-            raise ValueError('target_source: "wordlist" needs a tokenizer (pass a LoadedModel)')
+            raise ValueError('target_source: "wordlist" ' + _NEEDS_TOKENIZER)
         return _wordlist_targets(tok, length, n_targets, seed, start)
     if isinstance(target_source, str):
         input_embeddings(hf)  # a clear error for a model without input embeddings
@@ -183,7 +186,7 @@ def sample_targets(model, length: int, n_targets: int, *, target_source="random-
     if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
         raise ValueError("target_source: expected a non-empty list of non-empty texts")
     if tok is None:
-        raise ValueError("target_source: a list of texts needs a tokenizer (pass a LoadedModel)")
+        raise ValueError("target_source: a list of texts " + _NEEDS_TOKENIZER)
     pieces = [tok(t if i == 0 else " " + t, add_special_tokens=False)["input_ids"]
               for i, t in enumerate(texts)]
     starts = np.cumsum([0] + [len(p) for p in pieces[:-1]])

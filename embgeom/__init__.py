@@ -42,8 +42,6 @@ _HOME = {
 }
 _MODULES = ("bounds", "cells", "supports", "volumes", "adapters", "cramming", "copying",
             "report", "cli", "parallel")
-# kept for code that reads it: the torch-using modules (all modules are lazy now)
-_LAZY = ("adapters", "cramming", "copying", "report", "cli")
 
 
 def __getattr__(name):

@@ -71,7 +71,7 @@ import numpy as np
 from . import _rare_kernels
 from .cells._region import cone_is_empty
 from ._threads import single_blas_thread
-from ._validation import check_array, check_positive_int, check_probability
+from ._validation import check_array, check_positive, check_positive_int, check_probability
 
 __all__ = ["ConeMeasure", "log_cone_gaussian_measure"]
 
@@ -81,11 +81,11 @@ VOCAB_BLOCK = 4096
 #: doubling after, and whenever the levels stall, an LP checks whether the working-set cone is
 #: empty: then so is the cell, and the splitting would never reach it.
 EMPTY_CHECK_LEVELS = 64
-#: The spread across groups misses the randomness of the shared (pooled-quantile) levels:
-#: measured over 30-60 seeds, the real spread of log p was 0.8-1.2 times the group standard
-#: error (simplex d = 5: 1.19, cross-polytope d = 8: 1.19, orthant k = 40: 0.81), so the
-#: reported standard error is inflated by this factor.
-SE_INFLATION = 1.2
+#: Factor on the groups' standard error. It was 1.2 for the sampler that moved every chain
+#: (the shared levels' randomness escaped the group spread); with kill-and-copy the real spread
+#: of log p over 75-150 seeds at 128 chains is 0.83-1.08 times the group standard error
+#: (docs/theory.md, section 5.1), so none is applied.
+SE_INFLATION = 1.0
 #: Largest Gram matrix (constraints) built without a working set (16384^2 float64: 2 GiB).
 MAX_GRAM = 16384
 #: Cap on reflections per exact-HMC trajectory (a chain that reaches it stops there, inside).
@@ -124,6 +124,11 @@ class ConeMeasure:
         measure, an upper bound, lies above the share.
     seconds : numpy.ndarray of float64, shape (T,)
         Wall time per token.
+    n_runs : numpy.ndarray of int64, shape (T,)
+        Independent splitting runs of ``n_chains`` chains each that the token took (1 without
+        ``target_se``; 0 for cells found empty before any run): its budget is ``n_runs *
+        n_chains`` chains. ``n_levels`` and ``log_check_fraction`` are those of the first run,
+        ``n_full_checks`` the sum over runs, ``n_constraints_used`` the largest.
     confidence : float
     params : dict
         The sampler's settings (chains, groups, level probability, moves) and the root seed
@@ -142,6 +147,7 @@ class ConeMeasure:
     n_full_checks: np.ndarray
     log_check_fraction: np.ndarray
     seconds: np.ndarray
+    n_runs: np.ndarray
     confidence: float
     params: dict = field(default_factory=dict)
 
@@ -160,6 +166,9 @@ class ConeMeasure:
             "median_interval_width": float(np.median(width[fin])) if fin.any() else float("nan"),
             "median_seconds": float(np.median(self.seconds)) if self.seconds.size else float("nan"),
             "total_seconds": float(self.seconds.sum()),
+            "total_runs": int(self.n_runs.sum()),
+            "max_runs_taken": int(self.n_runs.max()) if self.n_runs.size else 0,
+            "n_tokens_with_extra_runs": int((self.n_runs > 1).sum()),
             "sides": {str(s): int((self.side == s).sum()) for s in np.unique(self.side)},
             "confidence": self.confidence,
             **self.params,
@@ -349,6 +358,33 @@ def _replace_killed(inside: np.ndarray, n_groups: int, rng: np.random.Generator)
     return np.concatenate(dest), np.concatenate(src)
 
 
+def _level(m: np.ndarray, counted: np.ndarray, n_rank: int):
+    """The next level of adaptive multilevel splitting on the level values ``m``.
+
+    As in Brehier et al. (2016), the level is the largest value among the chains it kills (the
+    ``(n_rank + 1)``-th largest counted ``m``, ``-gamma``), and the next domain is the open
+    ``{m > -gamma}``: every chain at or below the level is killed (ties included: generalized
+    AMS), so about ``n_rank`` survive. Then the product of the recorded fractions is unbiased
+    for ``p`` under exact moves. Placing the level at the smallest survivor instead (the
+    closed ``{m >= n_rank-th largest}``) shrinks every domain by one order statistic while the
+    recorded fraction stays ``n_rank / N``: an exact simulation (20 levels, 128 chains) puts
+    that product ``e^0.22`` too high (docs/theory.md, section 5.1). ``gamma`` never goes below
+    0; at 0 the domain is the closed cone ``{m >= 0}``, the last level.
+
+    Returns ``(gamma, inside, strict)``: ``inside`` the counted survivors (bool), ``strict``
+    whether the domain is open (False at ``gamma == 0``, and when every counted chain ties at
+    the top, which would kill them all: then the closed domain keeps the ties).
+    """
+    q = np.partition(-m[counted], n_rank)[n_rank]  # (n_rank + 1)-th largest counted m is -q
+    gamma = max(0.0, float(q))
+    if gamma == 0.0:
+        return gamma, (m >= 0.0) & counted, False
+    inside = (m > -gamma) & counted
+    if not inside.any():
+        return gamma, (m >= -gamma) & counted, False
+    return gamma, inside, True
+
+
 def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, *, group, B,
                  counted, n_rank, max_levels):
     """Splitting levels on the margin over all of ``W``, inside the working-set cone.
@@ -371,16 +407,7 @@ def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, *, group,
         if len(counts) >= max_levels:
             side = "unresolved"
             break
-        q = np.partition(-mf[counted], n_rank - 1)[n_rank - 1]
-        gamma = max(0.0, q)
-        ins = (mf >= -gamma) & counted
-        # Rejected moves leave copies on their parents' values, so ties pile up at the level
-        # and a level that kills none of them never advances. As in the generalized AMS of
-        # Brehier et al. (2016), a level then kills every chain at or below it: the domain is
-        # the open {mf > -gamma} (the same measure), unless that would kill every chain.
-        strict = gamma > 0.0 and ins.sum() > n_rank and np.any(ins & (mf > -gamma))
-        if strict:
-            ins &= mf > -gamma
+        gamma, ins, strict = _level(mf, counted, n_rank)
         counts.append(np.bincount(group[ins], minlength=B))
         sizes.append(np.bincount(group[counted], minlength=B))
         if gamma == 0.0:
@@ -434,7 +461,7 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
         # a probe's position chose constraints that cut it: counting it would bias the level's
         # fraction down, so probes sit out the count (and the resampling) of their level
         counted[probe_idx] = False
-    n_rank = max(1, int(math.ceil(level_prob * counted.sum())))
+    n_rank = min(int(counted.sum()) - 1, max(1, int(math.ceil(level_prob * counted.sum()))))
 
     def probe():
         nonlocal n_checked
@@ -487,11 +514,9 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
             gammas.clear()
         P = sync(P)
         m = P.min(axis=1) if cs.M else np.full(N, np.inf)
-        q = np.partition(-m[counted], n_rank - 1)[n_rank - 1]  # n_rank-th largest m is -q
-        gamma = max(0.0, q)
+        gamma, inside, _ = _level(m, counted, n_rank)
         cs.lower_shifts(gamma)
         gammas.append(gamma)
-        inside = (m >= -gamma) & counted
         counts.append(np.bincount(group[inside], minlength=B))
         sizes.append(np.bincount(group[counted], minlength=B))
         if gamma == 0.0:
@@ -573,7 +598,7 @@ def _seed_record(root: np.random.SeedSequence) -> dict:
 
 def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k,
                     n_probes, min_full_fraction, max_levels, confidence, move, working_set,
-                    seed) -> tuple:
+                    seed, target_se=None, max_runs=32) -> tuple:
     """The tuning settings of :func:`log_cone_gaussian_measure`, checked (ValueError/TypeError
     naming the argument); also called by :func:`embgeom.cell_volumes` before its uniform pass."""
     n_chains = check_positive_int(n_chains, "n_chains")
@@ -588,6 +613,9 @@ def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints,
     min_full_fraction = check_probability(min_full_fraction, "min_full_fraction")
     max_levels = check_positive_int(max_levels, "max_levels")
     confidence = check_probability(confidence, "confidence", open_right=True)
+    if target_se is not None:
+        target_se = check_positive(target_se, "target_se")
+    max_runs = check_positive_int(max_runs, "max_runs")
     if move not in ("hmc", "ess"):
         raise ValueError(f"move: expected 'hmc' or 'ess', got {move!r}")
     if working_set not in ("auto", True, False):
@@ -596,7 +624,7 @@ def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints,
             isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise TypeError(f"seed: expected None, an int or a numpy SeedSequence, got {type(seed).__name__}")
     return (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
-            min_full_fraction, max_levels, confidence)
+            min_full_fraction, max_levels, confidence, target_se, max_runs)
 
 
 def log_cone_gaussian_measure(
@@ -618,6 +646,8 @@ def log_cone_gaussian_measure(
     max_levels: int = 400,
     confidence: float = 0.95,
     seed=0,
+    target_se: float | None = None,
+    max_runs: int = 32,
     progress: bool = False,
 ) -> ConeMeasure:
     """Log Gaussian measure of decoder cones: each cell's share of an origin-centred ellipsoid.
@@ -678,7 +708,20 @@ def log_cone_gaussian_measure(
         ``SeedSequence(root.entropy, spawn_key=(*root.spawn_key, t))`` (for an int ``s``,
         ``SeedSequence(s, spawn_key=(t,))``), so results do not depend on which other tokens are
         estimated, nor their order, and two spawned SeedSequences give independent runs.
-        ``None``: fresh OS entropy (recorded in ``params``).
+        ``None``: fresh OS entropy (recorded in ``params``). A token's extra runs (``target_se``)
+        draw from that stream's children: run ``j >= 1`` from ``SeedSequence(root.entropy,
+        spawn_key=(*root.spawn_key, t, j - 1))``, what ``spawn`` on the token's stream gives.
+    target_se : float or None, default None
+        Target standard error of each ``log_share``, in nats (> 0). ``None``: one run of
+        ``n_chains`` chains per token. Otherwise, while a token's standard error exceeds it,
+        more independent runs of ``n_chains`` chains are made (planned from the error so far:
+        the error falls like ``1 / sqrt(runs)``), up to ``max_runs``; the runs' estimates of
+        ``p`` (each unbiased) are averaged, so small shares, whose error grows like
+        ``sqrt(-log p / n_chains)``, get the chains they need and big ones no more than one
+        run. ``n_runs`` records each token's runs.
+    max_runs : int, default 32
+        Cap on the runs per token (>= 1) when ``target_se`` is set: no token costs more than
+        ``max_runs * n_chains`` chains; a token that reaches the cap keeps its larger error.
     progress : bool, default False
         tqdm bar over tokens.
 
@@ -703,7 +746,11 @@ def log_cone_gaussian_measure(
     - Cost per level: two ``(n_chains, k) x (k, |S|)`` products per move; each checked point
       costs one row of the full ``(k) x (k, |V|)`` product.
     - The interval is a t-interval over ``n_groups`` independent groups: honest about MCMC
-      correlation, but with few groups its width itself is noisy.
+      correlation, but with few groups its width itself is noisy. With ``R`` runs the estimate
+      is ``log`` of the mean of the runs' ``p``; its variance pools the groups' estimate
+      (``sum_j w_j^2 se_j^2``, ``w_j`` the runs' shares of the sum of ``p``; ``R (n_groups - 1)``
+      degrees of freedom) with the runs' own spread (delta method, ``R - 1`` degrees of
+      freedom), weighted by degrees of freedom, and the t-quantile has ``R n_groups - 1``.
 
     Examples
     --------
@@ -719,7 +766,7 @@ def log_cone_gaussian_measure(
         n_chains=n_chains, n_groups=n_groups, level_prob=level_prob, n_moves=n_moves,
         max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
         min_full_fraction=min_full_fraction, max_levels=max_levels, confidence=confidence,
-        move=move, working_set=working_set, seed=seed)
+        move=move, working_set=working_set, seed=seed, target_se=target_se, max_runs=max_runs)
     root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     return measure_cones(cones, tokens, root, settings, move=move, working_set=working_set,
                          full_check=full_check, progress=progress)
@@ -805,20 +852,21 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
     """The per-token loop of :func:`log_cone_gaussian_measure` on a prepared set-up.
 
     ``tokens`` are checked ids (int64, :func:`_check_tokens`), ``settings`` the tuple of
-    :func:`_check_settings`; token ``t`` draws from child ``t`` of ``root``.
+    :func:`_check_settings`; token ``t`` draws from child ``t`` of ``root`` (its extra runs from
+    that child's children).
     """
     from scipy import stats
     from tqdm.auto import tqdm
 
     (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
-     min_full_fraction, max_levels, confidence) = settings
+     min_full_fraction, max_levels, confidence, target_se, max_runs) = settings
     W32, WG32, row_sq = cones.W32, cones.WG32, cones.row_sq
-    tq = stats.t.ppf(0.5 + confidence / 2, n_groups - 1)
     T = tokens.size
     out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "log_check_fraction", "seconds")}
     n_levels = np.zeros(T, dtype=np.int64)
     n_used = np.zeros(T, dtype=np.int64)
     n_checked = np.zeros(T, dtype=np.int64)
+    n_runs = np.zeros(T, dtype=np.int64)
     side = np.empty(T, dtype=object)
     for i, t in enumerate(tqdm(tokens, desc="cone measures", unit="tok", disable=not progress)):
         t0 = time.perf_counter()
@@ -834,18 +882,44 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
                     f"working_set: False with move='hmc' needs the Gram matrix of all "
                     f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
                 )
-            rng = np.random.default_rng(_token_seed(root, int(t)))
-            with single_blas_thread():
-                lp, se, sd, nl, nu, nc, lc = _split_token(
-                    cone, rng, n_chains=n_chains, n_groups=n_groups, level_prob=level_prob,
-                    n_moves=n_moves, move=move, working=working, full_check=full_check,
-                    max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
-                    min_full_fraction=min_full_fraction, max_levels=max_levels,
-                )
+            seed_t = _token_seed(root, int(t))
+            runs = []  # (log p, se, side, levels, |S|, checked, log check) per run
+
+            def run(j):
+                ss = seed_t if j == 0 else np.random.SeedSequence(
+                    seed_t.entropy, spawn_key=(*seed_t.spawn_key, j - 1), pool_size=seed_t.pool_size)
+                with single_blas_thread():
+                    runs.append(_split_token(
+                        cone, np.random.default_rng(ss), n_chains=n_chains, n_groups=n_groups,
+                        level_prob=level_prob, n_moves=n_moves, move=move, working=working,
+                        full_check=full_check, max_constraints=max_constraints, probe_k=probe_k,
+                        n_probes=n_probes, min_full_fraction=min_full_fraction,
+                        max_levels=max_levels))
+
+            run(0)
+            lp, se, df = runs[0][0], runs[0][1], n_groups - 1
+            while (target_se is not None and runs[-1][2] in ("two-sided", "upper")
+                   and se > target_se and len(runs) < max_runs):
+                # plan from the error so far (it falls like 1 / sqrt(runs)); re-plan after
+                want = math.ceil(len(runs) * (se / target_se) ** 2)
+                for j in range(len(runs), min(max_runs, max(want, len(runs) + 1))):
+                    run(j)
+                    if runs[-1][2] not in ("two-sided", "upper"):
+                        break
+                if runs[-1][2] not in ("two-sided", "upper"):
+                    break
+                lp, se, df = _combine_runs(runs, n_groups)
+            sd = runs[-1][2]
+            if sd in ("empty", "unresolved"):  # a run that proved the cell empty or gave up
+                lp, se, df = runs[-1][0], runs[-1][1], n_groups - 1
+            tq = stats.t.ppf(0.5 + confidence / 2, df)
+            n_runs[i] = len(runs)
+            n_levels[i], lc = runs[0][3], runs[0][6]
+            n_used[i] = max(r[4] for r in runs)
+            n_checked[i] = sum(r[5] for r in runs)
             side[i] = sd
             if sd == "empty":
                 out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = -np.inf
-            n_levels[i], n_used[i], n_checked[i] = nl, nu, nc
             out["log_check_fraction"][i] = lc
             out["std_err"][i] = se
             if sd == "empty":
@@ -860,9 +934,33 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
         out["seconds"][i] = time.perf_counter() - t0
     return ConeMeasure(
         token_ids=tokens, side=side.astype(str), n_levels=n_levels, n_constraints_used=n_used,
-        n_full_checks=n_checked, confidence=confidence,
+        n_full_checks=n_checked, n_runs=n_runs, confidence=confidence,
         params={"n_chains": n_chains, "n_groups": n_groups, "level_prob": level_prob,
                 "n_moves": n_moves, "move": move, "working_set": str(working_set), "full_check": bool(full_check),
+                "target_se": target_se, "max_runs": max_runs if target_se is not None else 1,
                 **_seed_record(root)},
         **out,
     )
+
+
+def _combine_runs(runs: list, n_groups: int) -> tuple:
+    """One estimate from independent runs: ``(log p, std_err, degrees of freedom)``.
+
+    Each run's ``p_j`` is unbiased for ``p``, so their mean is too; the log of the mean is
+    returned. Its variance (delta method, nats^2) is estimated twice: from the runs' group
+    errors, ``sum_j w_j^2 se_j^2`` with ``w_j = p_j / sum p``, on ``R (n_groups - 1)``
+    degrees of freedom, and from the runs' spread, ``var(p_j) / (R mean(p)^2)``, on ``R - 1``;
+    the two are pooled by their degrees of freedom.
+    """
+    lps = np.array([r[0] for r in runs])
+    ses = np.array([r[1] for r in runs])
+    R = lps.size
+    p = np.exp(lps - lps.max())
+    w = p / p.sum()
+    log_p = float(lps.max() + math.log(p.mean()))
+    v_groups = float(np.sum(w**2 * ses**2))
+    df_groups = R * (n_groups - 1)
+    v_spread = float(np.var(p, ddof=1) / (R * p.mean() ** 2))
+    df = df_groups + R - 1
+    var = (df_groups * v_groups + (R - 1) * v_spread) / df
+    return log_p, math.sqrt(var), df

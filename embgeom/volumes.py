@@ -26,7 +26,7 @@ from . import _kernels
 from ._rare_event import (ConeMeasure, _seed_record, log_cone_gaussian_measure,
                           measure_cones, prepare_cones)
 from ._stats import binomial_interval, wilson_interval
-from ._validation import check_positive_int, check_probability, seed_sequence
+from ._validation import check_positive, check_positive_int, check_probability, seed_sequence
 from .cells import Decoder
 from .parallel import executor_scope, task_seed
 
@@ -64,6 +64,11 @@ class CellVolumes:
         ``seed_entropy`` (an int or a list of ints) and ``seed_spawn_key``.
     seconds : float
         Wall time.
+    extra : dict
+        Run details: the executor, and with the rare-event estimator ``"rare_event"`` (its
+        settings and a summary, :meth:`embgeom._rare_event.ConeMeasure.to_dict`) and
+        ``"rare_event_n_runs"`` (int64, shape (n_tokens,): the splitting runs of ``n_chains``
+        chains each token took, 0 where it was not split; left out of :meth:`to_dict`).
     log_fractions : numpy.ndarray of float64, shape (n_tokens,)
         Best estimate of ``log(vol(E_t ∩ S) / vol(S))`` in nats: the rare-event estimate
         (:func:`embgeom._rare_event.log_cone_gaussian_measure`) where ``token_method`` is
@@ -226,7 +231,8 @@ class CellVolumes:
         return float(np.sort(self.counts)[::-1][:k].sum() / self.n_samples)
 
     def to_dict(self) -> dict:
-        """JSON-able summary (no per-token arrays; save ``fractions`` with numpy)."""
+        """JSON-able summary (no per-token arrays, ``extra``'s left out too; save ``fractions``
+        with numpy)."""
         nz = self.fractions[self.counts > 0]
         return {
             "n_tokens": int(self.counts.size),
@@ -243,7 +249,7 @@ class CellVolumes:
             "max_fraction": float(self.fractions.max()),
             "median_hit_fraction": float(np.median(nz)) if nz.size else float("nan"),
             "top1pct_share": self.top_share(0.01),
-            **self.extra,
+            **{k: v for k, v in self.extra.items() if not isinstance(v, np.ndarray)},
         }
 
     def histogram(self, ax=None, path=None, bins: int | None = None, title: str | None = None):
@@ -344,15 +350,18 @@ def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
     return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
 
 
-def _counts_suffice(counts, n: int, n_chains: int, level_prob: float) -> np.ndarray:
-    """bool: the uniform count's log-standard error is below the one splitting would reach.
+def _counts_suffice(counts, n: int, n_chains: int, level_prob: float,
+                    target_se: float | None = None) -> np.ndarray:
+    """bool: the uniform count's log-standard error is no larger than the one splitting would reach.
 
     The count's (delta method): ``sqrt((1 - p) / k)`` for ``k`` hits of ``n``, ``p = k / n``.
     Splitting's, for a share ``p`` reached in ``L = log p / log level_prob`` levels of
     ``n_chains`` chains each keeping a fraction ``level_prob`` (Cerou & Guyader 2007, the
     variance of adaptive multilevel splitting): ``sqrt(L (1 - level_prob) / (level_prob
-    n_chains))``. Tokens with no hit always go to splitting. With 20,000 samples and 128 chains
-    the count wins down to shares of about 1e-3 (k of about 20).
+    n_chains))`` for one run; with ``target_se`` splitting runs until it reaches ``target_se``
+    (the smaller of the two is what it reaches). Tokens with no hit always go to splitting.
+    With 20,000 samples and 128 chains the count wins down to shares of about 1e-3 (k of about
+    20) without a target, about 3.5e-3 (k of about 70) at a target of 0.12 nats.
     """
     k = np.asarray(counts, np.float64)
     p = k / n
@@ -360,7 +369,9 @@ def _counts_suffice(counts, n: int, n_chains: int, level_prob: float) -> np.ndar
         se_count = np.sqrt((1 - p) / k)
         levels = np.maximum(1.0, np.log(p) / math.log(level_prob))
     se_split = np.sqrt(levels * (1 - level_prob) / (level_prob * n_chains))
-    return (k > 0) & (se_count < se_split)
+    if target_se is not None:
+        se_split = np.minimum(se_split, target_se)
+    return (k > 0) & (se_count <= se_split)
 
 
 def _uniform_logs(counts, n, lower, upper):
@@ -418,6 +429,7 @@ def cell_volumes(
     method: str = "auto",
     tokens="auto",
     n_chains: int = 128,
+    target_se: float | None = 0.12,
     rare_event_options: dict | None = None,
     executor="local",
 ) -> CellVolumes:
@@ -469,19 +481,28 @@ def cell_volumes(
         final-norm shell without bias, ellipsoid centred at 0), where every cell is a cone.
         ``"auto"``: rare-event where it applies, uniform elsewhere (``estimator`` says which,
         ``extra["rare_event"]`` why); within the token sample, a token whose uniform count
-        already gives the smaller log-standard error than splitting would at ``n_chains``
-        (big cells: with 20,000 samples and 128 chains, shares above about 1e-3) keeps its
-        count (``token_method`` "uniform"; ``extra["rare_event"]["n_by_counts"]`` counts them)
-        and is not split. ``"rare-event"`` splits every sampled token.
+        already gives a log-standard error no larger than splitting would reach (``target_se``,
+        or one run of ``n_chains`` chains when ``target_se`` is None; with 20,000 samples and
+        the defaults, shares above about 3.5e-3) keeps its count (``token_method`` "uniform";
+        ``extra["rare_event"]["n_by_counts"]`` counts them) and is not split.
+        ``"rare-event"`` splits every sampled token.
     tokens : "auto", None, int or array_like of int, default "auto"
         Tokens given a rare-event estimate: ``None`` every token, an int a seeded uniform
         sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
         to ``AUTO_ALL_TOKENS`` tokens, else a sample of ``AUTO_TOKEN_SAMPLE``.
     n_chains : int, default 128
-        Rare-event chains per token (the per-token budget; a multiple of
-        ``n_groups``, 16 by default, with at least 2 chains per group: 32 or more). The standard
-        error of each log-share is about 0.5 nats at 128 on SmolLM2 (coarse per token, ample
-        for lambda and the histogram over a token sample).
+        Rare-event chains per run (a multiple of ``n_groups``, 16 by default, with at least 2
+        chains per group: 32 or more). Each token gets one run, and more while ``target_se``
+        is not met.
+    target_se : float or None, default 0.12
+        Target standard error of each rare-event log-share, in **nats** (> 0; the interval's
+        half-width is about twice it). A token whose first run's error is larger gets more
+        independent runs of ``n_chains`` chains (seeds spawned from its own stream), averaged in
+        ``p``, up to ``rare_event_options["max_runs"]`` (32) runs; small shares need more (the
+        error of one run grows like ``sqrt(-log p / n_chains)``), big ones stay at one.
+        ``extra["rare_event_n_runs"]`` holds each token's runs (int64 per token, 0 where not
+        split). ``None``: one run per token (the cheapest, errors of 0.3-0.6 nats for shares
+        ``e^-10`` to ``e^-35`` at 128 chains).
     rare_event_options : dict, optional
         More keywords for :func:`embgeom._rare_event.log_cone_gaussian_measure`.
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
@@ -500,7 +521,7 @@ def cell_volumes(
         bad seed or counts
         types.
     ValueError
-        ``n_samples <= 0`` or ``n_chains <= 0``, support of another dimension, the support's
+        ``n_samples <= 0`` or ``n_chains <= 0``, ``target_se`` not a positive number, support of another dimension, the support's
         samples of the wrong shape or not finite, an unknown ``method``, ``method="rare-event"``
         with a bias or a support whose cells are not cones through its centre, bad ``tokens``.
     """
@@ -535,8 +556,11 @@ def cell_volumes(
         if method == "rare-event":
             raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
                              f"centre, but {why_not}; use method='uniform' or 'auto'")
+    if target_se is not None:
+        target_se = check_positive(target_se, "target_se")
     if method != "uniform" and why_not is None:
-        rare_event_options = _check_rare_event_options(rare_event_options, n_chains, confidence)
+        rare_event_options = _check_rare_event_options(rare_event_options, n_chains, confidence,
+                                                       target_se)
     root = seed_sequence(seed)
     try:
         log_vol = float(support.log_volume)
@@ -563,11 +587,13 @@ def cell_volumes(
             counted = np.zeros(ids.size, bool)
             if method == "auto":
                 counted = _counts_suffice(counts[ids], n_samples, n_chains,
-                                          (rare_event_options or {}).get("level_prob", 0.5))
+                                          (rare_event_options or {}).get("level_prob", 0.5),
+                                          target_se)
             logs, extra["rare_event"] = _rare_event_logs(
                 decoder, G, ids[~counted], task_seed(root, RARE_EVENT_KEY),
-                n_chains=n_chains, confidence=confidence, options=rare_event_options,
-                progress=progress, executor=ex)
+                n_chains=n_chains, confidence=confidence, target_se=target_se,
+                options=rare_event_options, progress=progress, executor=ex)
+            extra["rare_event_n_runs"] = logs.pop("n_runs")
     if estimator == "rare-event":
         if counted.any():  # the sampled tokens whose uniform count is the tighter estimate
             c_ids = ids[counted]
@@ -615,15 +641,17 @@ def _concat_measures(parts: list) -> ConeMeasure:
     arrays = {f: np.concatenate([getattr(p, f) for p in parts])
               for f in ("token_ids", "log_share", "log_lower", "log_upper", "std_err", "side",
                         "n_levels", "n_constraints_used", "n_full_checks", "log_check_fraction",
-                        "seconds")}
+                        "seconds", "n_runs")}
     return ConeMeasure(**arrays, confidence=first.confidence, params=first.params)
 
 
 #: keys of ``rare_event_options`` that cell_volumes sets itself
-_RARE_EVENT_OWN = ("W", "seed", "confidence", "n_chains", "G", "token_ids", "progress")
+_RARE_EVENT_OWN = ("W", "seed", "confidence", "n_chains", "target_se", "G", "token_ids",
+                   "progress")
 
 
-def _check_rare_event_options(options, n_chains: int, confidence: float) -> dict:
+def _check_rare_event_options(options, n_chains: int, confidence: float,
+                              target_se: float | None = None) -> dict:
     """``rare_event_options`` as a dict of the estimator's tuning keywords, checked together with
     ``n_chains`` and ``confidence`` before any sampling (ValueError/TypeError)."""
     import inspect
@@ -643,13 +671,13 @@ def _check_rare_event_options(options, n_chains: int, confidence: float) -> dict
             raise ValueError(f"rare_event_options: unknown option {key!r}; expected one of {allowed}")
     checked = inspect.signature(_check_settings).parameters
     settings = {k: options.get(k, params[k].default) for k in checked}
-    settings.update(n_chains=n_chains, confidence=confidence)
+    settings.update(n_chains=n_chains, confidence=confidence, target_se=target_se)
     _check_settings(**settings)  # e.g. n_chains not a multiple of n_groups: now, not after the uniform pass
     return dict(options)
 
 
 def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, progress,
-                     executor="local"):
+                     executor="local", target_se=None):
     """Rare-event log figures for ``ids``; ``nan`` / "not estimated" for the other tokens.
 
     The cone set-up (:func:`embgeom._rare_event.prepare_cones`: ``W`` checked and scaled, the
@@ -667,10 +695,11 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
     if ids.size == 0:  # every sampled token was resolved by its count
         return {"log_fractions": np.full(V, np.nan), "log_lower": np.full(V, np.nan),
                 "log_upper": np.full(V, np.nan),
-                "token_method": np.full(V, "not estimated", dtype="<U13")}, {"n_chains": n_chains}
+                "token_method": np.full(V, "not estimated", dtype="<U13"),
+                "n_runs": np.zeros(V, dtype=np.int64)}, {"n_chains": n_chains, "target_se": target_se}
     params = inspect.signature(log_cone_gaussian_measure).parameters
     opt = {k: opts.get(k, params[k].default) for k in params if k not in _RARE_EVENT_OWN}
-    opt.update(n_chains=n_chains, confidence=confidence)
+    opt.update(n_chains=n_chains, confidence=confidence, target_se=target_se)
     checked = [k for k in inspect.signature(_check_settings).parameters if k != "seed"]
     settings = _check_settings(seed=seed, **{k: opt[k] for k in checked})
     kw = {"move": opt["move"], "working_set": opt["working_set"], "full_check": bool(opt["full_check"])}
@@ -686,7 +715,9 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
     method = np.full(V, "not estimated", dtype="<U13")
     log_f[ids], log_lo[ids], log_hi[ids] = r.log_share, r.log_lower, r.log_upper
     method[ids] = np.where(r.side == "empty", "empty", "rare-event")
+    n_runs = np.zeros(V, dtype=np.int64)
+    n_runs[ids] = r.n_runs
     summary = {**r.to_dict(), "token_sample": int(ids.size), "sample_is_all": bool(ids.size == V)}
     return {"log_fractions": log_f, "log_lower": log_lo, "log_upper": log_hi,
-            "token_method": method}, summary
+            "token_method": method, "n_runs": n_runs}, summary
 

@@ -171,8 +171,10 @@ def test_rare_event_draws_descend_from_the_seed():
     # other tokens estimated
     root = task_seed(child, RARE_EVENT_KEY)
     G = Ball.from_params(np.zeros(5), 1.0).origin_ellipsoid_map()
-    ref = log_cone_gaussian_measure(dec.W_, [0, 3], G, n_chains=64, seed=root)
+    # (and its extra runs, at cell_volumes' default target_se, from that stream's children)
+    ref = log_cone_gaussian_measure(dec.W_, [0, 3], G, n_chains=64, seed=root, target_se=0.12)
     assert ref.log_share.tolist() == c.log_fractions[[0, 3]].tolist()
+    assert ref.n_runs.tolist() == c.extra["rare_event_n_runs"][[0, 3]].tolist()
     assert _rare(dec, child, tokens=[3]).log_fractions[3] == c.log_fractions[3]
     # an int seed of the estimator itself is the SeedSequence of that int (as before)
     r7 = log_cone_gaussian_measure(dec.W_, [0], n_chains=64, seed=7)

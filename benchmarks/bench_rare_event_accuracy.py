@@ -4,14 +4,16 @@ Three parts (issue 22, items 3 and 4), each written to ``benchmarks/results/rare
 
 ``truth``  Cells whose share is known exactly, randomly rotated, run through
     ``cell_volumes(decoder, Ball(0, 1), N_SAMPLES, seed=s, tokens=[t])`` with every other
-    argument at its default (``method="auto"``, 128 chains): orthants ``{x_i > 0, i < k}``
+    argument at its default (``method="auto"``, runs of 128 chains until the standard error
+    is ``target_se = 0.12`` nats, at most 32): orthants ``{x_i > 0, i < k}``
     (share ``2^-k``; with 3,000 redundant rows the working-set path is taken), the
     cross-polytope (``1 / (2 d)``), the regular simplex's simplicial cones (``1 / (d + 1)``) and
     2-D sectors (``width / (2 pi)``), d = 2..64, shares 0.25 down to ``2^-50`` (8.9e-16).
     (A union of orthants that is a cell is convex, so it is an orthant of fewer constraints:
     covered by the orthant rows.) Per case over the seeds: mean log-error (the bias), RMS and
-    largest log-error (nats), coverage of the 95% interval, and which estimator
-    (``token_method``) produced the share.
+    largest log-error (nats), coverage of the 95% interval, which estimator
+    (``token_method``) produced the share, and the cost: splitting runs and chains per token
+    (``extra["rare_event_n_runs"]``) and seconds per call.
 
 ``bias``  The default against a second, independent estimator written here for the check
     (:func:`reference_log_share`): fixed-level splitting with levels from a pilot run, pooled
@@ -127,7 +129,7 @@ def truth_cases(quick: bool):
 def run_truth(args) -> dict:
     rows = []
     for name, build in truth_cases(args.quick):
-        err, cover, width, methods, secs = [], [], [], [], []
+        err, cover, width, methods, secs, runs = [], [], [], [], [], []
         for s in range(args.seeds):
             W, t, lt = build(s)
             dec = Decoder(np.asarray(W, np.float32))
@@ -140,16 +142,20 @@ def run_truth(args) -> dict:
             cover.append(bool(lo <= lt <= hi))
             width.append(hi - lo)
             methods.append(str(cv.token_method[t]))
+            runs.append(int(cv.extra["rare_event_n_runs"][t]))
         err = np.array(err)
         row = {"case": name, "log_truth": lt, "share": math.exp(lt), "seeds": args.seeds,
                "mean_error": float(err.mean()), "se_of_mean": float(err.std(ddof=1) / math.sqrt(err.size)),
                "rms_error": float(np.sqrt(np.mean(err**2))), "max_abs_error": float(np.abs(err).max()),
                "coverage": float(np.mean(cover)), "median_width": float(np.median(width)),
-               "estimator": ",".join(sorted(set(methods))), "seconds_per_call": float(np.mean(secs))}
+               "estimator": ",".join(sorted(set(methods))), "seconds_per_call": float(np.mean(secs)),
+               "mean_runs": float(np.mean(runs)), "max_runs": int(np.max(runs)),
+               "mean_chains": float(np.mean(runs)) * cv.extra["rare_event"].get("n_chains", 128)}
         rows.append(row)
         print(f"{name:32s} {lt:8.2f} bias {row['mean_error']:+.3f} +- {row['se_of_mean']:.3f} "
               f"rms {row['rms_error']:.3f} max {row['max_abs_error']:.3f} cover {row['coverage']:.2f} "
-              f"width {row['median_width']:.2f} [{row['estimator']}] {row['seconds_per_call']:.2f} s",
+              f"width {row['median_width']:.2f} [{row['estimator']}] runs {row['mean_runs']:.1f} "
+              f"(max {row['max_runs']}) {row['seconds_per_call']:.2f} s",
               flush=True)
     return {"part": "truth", "n_samples": N_SAMPLES, "seeds": args.seeds, "rows": rows}
 
@@ -289,14 +295,18 @@ def run_cost(args) -> dict:
 
 def _markdown(res: dict) -> str:
     if res["part"] == "truth":
-        lines = [f"Truth cases at the default budget of `cell_volumes` (method='auto', 128 chains, "
-                 f"{res['n_samples']:,} uniform samples), {res['seeds']} seeds each.", "",
-                 "| case | log share | bias (nats) | RMS error | max error | 95% coverage | median width | estimator |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines = [f"Truth cases at the default budget of `cell_volumes` (method='auto', runs of 128 "
+                 f"chains until the standard error is target_se = 0.12 nats, at most 32; "
+                 f"{res['n_samples']:,} uniform samples), {res['seeds']} seeds each. Runs: splitting "
+                 "runs per token (0: the count was kept); s: seconds per call, one thread, loaded machine.", "",
+                 "| case | log share | bias (nats) | RMS error | max error | 95% coverage | median width | estimator | mean runs (max) | mean chains | s per call |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["rows"]:
             lines.append(f"| {r['case']} | {r['log_truth']:.2f} | {r['mean_error']:+.3f} +- {r['se_of_mean']:.3f} | "
                          f"{r['rms_error']:.3f} | {r['max_abs_error']:.3f} | {r['coverage']:.2f} | "
-                         f"{r['median_width']:.2f} | {r['estimator']} |")
+                         f"{r['median_width']:.2f} | {r['estimator']} | {r.get('mean_runs', 1):.1f} "
+                         f"({r.get('max_runs', 1)}) | {r.get('mean_chains', 128):.0f} | "
+                         f"{r['seconds_per_call']:.2f} |")
         return "\n".join(lines) + "\n"
     if res["part"] == "bias":
         s = res["summary"]

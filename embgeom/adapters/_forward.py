@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from .._hf import UnsupportedModelError
+from .._hf import _module_with_weight
 from .._hf import base_model as _base_model
+from .._hf import check_positions as _check_positions
 from .._hf import config_vocab as _config_vocab
 from .._hf import measuring as _measuring
 from .._hf import output_embeddings as _output_embeddings
@@ -62,12 +64,28 @@ def _causal_lm(model, *, head: bool = True):
     return hf, tokenizer, name, source_dtype
 
 
-def _check_ids(input_ids, attention_mask, n_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    arr = check_int_array(input_ids, "input_ids", ndim=(1, 2), low=0, high=n_rows)
+def _id_limit(hf) -> int:
+    """Token ids a forward pass can take: below both the input table's and the head's rows (a
+    larger id fails inside torch's embedding lookup with an IndexError that names nothing)."""
+    n = int(_output_embeddings(hf).weight.shape[0])
+    emb = _module_with_weight(hf, "get_input_embeddings")
+    if emb is not None:
+        n = min(n, int(emb.weight.shape[0]))
+    return n
+
+
+def _check_ids(input_ids, attention_mask, hf) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(ids, mask)`` as tensors, after every check that torch would otherwise fail deep inside:
+    integer ids in ``[0, n_rows)`` (negative ids and ids past the embedding table refused), a
+    length within the model's maximum position (a learned position table such as GPT-2's fails
+    with ``IndexError: index out of range in self``), a 0/1 mask of the same shape."""
+    arr = check_int_array(input_ids, "input_ids", ndim=(1, 2), low=0, high=_id_limit(hf))
     if arr.ndim == 1:
         arr = arr[None]
     if arr.shape[1] == 0:
         raise ValueError(f"input_ids: expected a non-empty (batch, length) array, got {arr.shape}")
+    _check_positions(hf, int(arr.shape[1]), "input_ids",
+                     f"sequences of {arr.shape[1]} tokens, shape {tuple(arr.shape)}")
     ids = torch.from_numpy(arr)
     mask = None
     if attention_mask is not None:
@@ -367,7 +385,7 @@ def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
     ----------
     model : LoadedModel or transformers.PreTrainedModel
     input_ids : array_like of int, shape (B, L) or (L,)
-        Token ids in ``[0, n_rows)``.
+        Token ids in ``[0, n_rows)``, ``L`` at most the model's maximum position.
     attention_mask : array_like of {0, 1}, shape (B, L), optional
         Left or right padding: the "last position" of a row is its last attended one, and
         positions are counted over attended tokens (``max(cumsum(mask) - 1, 0)``), so a padded
@@ -391,7 +409,8 @@ def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
         ``BertModel`` or ``LlamaModel``, a classifier). The message starts with ``model:`` and
         says what is expected (a causal LM with an ``lm_head``).
     ValueError
-        Empty ids, ids out of range, a mask of the wrong shape or content; a model that is not
+        Empty ids, ids out of range (negative, or past the embedding table or the head), more
+        positions than the model's maximum (``max_position_embeddings``), a mask of the wrong shape or content; a model that is not
         causal (a masked LM such as ``BertForMaskedLM``: changing the last token moves the
         earlier hidden states on the probe); an architecture whose logits the adapter does not
         reproduce (named, see :func:`unembedding`); a mask with zeros between ones for a model
@@ -407,8 +426,7 @@ def hidden_states(model, input_ids, attention_mask=None) -> np.ndarray:
     the padding, rows of equal length batched.
     """
     hf, _, _, _ = _causal_lm(model)
-    n_rows = _output_embeddings(hf).weight.shape[0]
-    ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    ids, mask = _check_ids(input_ids, attention_mask, hf)
     _check_model(hf)
     return _hidden(hf, ids, mask).numpy()
 
@@ -449,8 +467,7 @@ def logits(model, input_ids, attention_mask=None) -> np.ndarray:
         own logits.
     """
     hf, _, _, _ = _causal_lm(model)
-    n_rows = _output_embeddings(hf).weight.shape[0]
-    ids, mask = _check_ids(input_ids, attention_mask, n_rows)
+    ids, mask = _check_ids(input_ids, attention_mask, hf)
     checked = _check_model(hf, require=False)
     if checked.causal_error is not None:
         raise ValueError(checked.causal_error)

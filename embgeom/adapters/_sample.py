@@ -23,6 +23,7 @@ from .._hf import allowed_token_ids as _allowed_token_ids
 from .._hf import check_positions as _check_positions
 from .._hf import config_vocab as _config_vocab
 from .._hf import output_embeddings as _output_embeddings
+from .._progress import MIN_INTERVAL_S, progress_enabled
 from .._validation import check_positive_int, seed_sequence
 from ._forward import _causal_lm, _check_model, _hidden
 
@@ -42,6 +43,16 @@ def _length_seed(seed: int, length: int) -> int:
     return int(seed_sequence(seed, length).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+def _check_progress(progress) -> bool:
+    """``progress`` as a bool: True or False as given; None (the default) for bars only where
+    ``sys.stderr`` is a terminal, the rule of the cramming entry points and the CLI."""
+    if progress is None:
+        return progress_enabled()
+    if not isinstance(progress, (bool, np.bool_)):
+        raise TypeError(f"progress: expected True, False or None, got {type(progress).__name__}")
+    return bool(progress)
+
+
 def default_cache_dir() -> Path:
     """The folder where hidden states are cached when ``cache_dir="auto"`` (the report's default).
 
@@ -55,21 +66,50 @@ def default_cache_dir() -> Path:
     pathlib.Path
         ``<root>/hidden_states``, with ``~`` expanded.
 
+    Raises
+    ------
+    ValueError
+        ``$EMBGEOM_CACHE`` (or its ``hidden_states``) exists and is not a folder; the message
+        names ``EMBGEOM_CACHE``.
+
     Examples
     --------
     >>> default_cache_dir().name
     'hidden_states'
     """
     root = os.getenv("EMBGEOM_CACHE") or ""
+    if root:
+        _check_env_root(root)
     if not root:
         xdg = os.getenv("XDG_CACHE_HOME") or ""
         root = os.path.join(xdg, "embgeom") if xdg else os.path.join("~", ".cache", "embgeom")
     return Path(root).expanduser() / "hidden_states"
 
 
+def _check_env_root(root: str) -> None:
+    """Refuse an ``$EMBGEOM_CACHE`` (or its ``hidden_states`` folder) that exists and is not a
+    folder: the user asked for a cache there, so a silent uncached run would hide the mistake
+    (``--cache-dir <file>`` is refused the same way)."""
+    base = Path(root).expanduser()
+    for p in (base, base / "hidden_states"):
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"EMBGEOM_CACHE: {str(p)!r} exists and is not a folder; point "
+                             "EMBGEOM_CACHE at a folder (it is created when missing) or unset it")
+
+
 def _cache_folder(cache_dir) -> Path | None:
     """``cache_dir`` as a folder: ``None`` (no cache), ``"auto"`` (:func:`default_cache_dir`) or
-    a path; a TypeError naming ``cache_dir`` for anything else."""
+    a path.
+
+    Raises
+    ------
+    TypeError
+        Anything else, naming ``cache_dir``.
+    ValueError
+        An empty path (``''`` would be the current folder, never what was meant), or a path that
+        exists and is not a folder, naming ``cache_dir``; with ``"auto"``, an
+        ``$EMBGEOM_CACHE`` that exists and is not a folder, naming ``EMBGEOM_CACHE``.
+    """
     if cache_dir is None:
         return None
     if isinstance(cache_dir, str) and cache_dir == "auto":
@@ -77,7 +117,14 @@ def _cache_folder(cache_dir) -> Path | None:
     if not isinstance(cache_dir, (str, os.PathLike)) or isinstance(cache_dir, bool):
         raise TypeError(f"cache_dir: expected None, 'auto' or a folder path, got "
                         f"{type(cache_dir).__name__}")
-    return Path(cache_dir).expanduser()
+    text = os.fspath(cache_dir)
+    if not str(text).strip():
+        raise ValueError("cache_dir: expected a folder path, None or 'auto', got an empty path "
+                         "(it would cache into the current folder)")
+    folder = Path(text).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"cache_dir: {str(folder)!r} exists and is not a folder")
+    return folder
 
 
 def _cache_key(hf, allowed: np.ndarray, lengths: list[int], n: int, seed: int) -> dict:
@@ -171,14 +218,17 @@ def _weights_fingerprint(hf) -> str:
 
 def _read_cache(path: Path) -> tuple[np.ndarray, str]:
     """``(H, stored key text)`` of a cache file; what numpy and zipfile raise for a bad file."""
-    f = np.load(path, allow_pickle=False)
-    if not isinstance(f, np.lib.npyio.NpzFile):  # a bare .npy array
-        raise ValueError("not an embgeom hidden-state file (an .npz of 'H' and 'key')")
-    with f:
-        if set(f.files) != {"H", "key"}:
-            raise ValueError(f"not an embgeom hidden-state file (arrays {sorted(f.files)}, "
-                             "expected 'H' and 'key')")
-        return f["H"], str(f["key"][()])
+    # np.load on a path opens the file itself and leaves it open when reading fails part-way
+    # (a truncated .npz: "ResourceWarning: unclosed file"); the file is ours to close here
+    with open(path, "rb") as fh:
+        f = np.load(fh, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):  # a bare .npy array
+            raise ValueError("not an embgeom hidden-state file (an .npz of 'H' and 'key')")
+        with f:
+            if set(f.files) != {"H", "key"}:
+                raise ValueError(f"not an embgeom hidden-state file (arrays {sorted(f.files)}, "
+                                 "expected 'H' and 'key')")
+            return f["H"], str(f["key"][()])
 
 
 def _load_cache(path: Path, key: dict, shape: tuple[int, int]) -> np.ndarray | None:
@@ -229,7 +279,7 @@ def sample_hidden_states(
     batch_size: int = 32,
     seed: int = 0,
     cache_dir: str | os.PathLike | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Final hidden states of random token sequences, as in the paper's protocol.
 
@@ -244,7 +294,9 @@ def sample_hidden_states(
         Without a tokenizer the vocabulary is ``config.vocab_size`` minus the config's
         bos/eos/pad ids.
     lengths : sequence of int
-        Sequence lengths in tokens, each in ``[1, max_position_embeddings]``.
+        Sequence lengths in tokens, each in ``[1, max_position_embeddings]``, without repeats
+        (the draws for a length depend only on ``seed`` and the length, so a repeated length
+        would repeat its rows exactly; use a larger ``n_per_length`` or another seed).
     n_per_length : int
         Number of sequences per length (the paper: 10,000 for l in {4, 8, ..., 4096}).
     batch_size : int, default 32
@@ -265,8 +317,10 @@ def sample_hidden_states(
         read, whose stored key differs, or that has the wrong shape, dtype or non-finite values
         is recomputed and rewritten, with a ``RuntimeWarning`` naming it; a cache folder that
         cannot be written is a warning, and the result is returned uncached.
-    progress : bool, default True
-        tqdm progress bar over sequences.
+    progress : bool or None, default None
+        tqdm progress bar over sequences. ``None``: a bar only when ``sys.stderr`` is a
+        terminal (:func:`embgeom._progress.progress_enabled`), so a job logging to a file or a
+        pipe is not flooded with redraws.
 
     Returns
     -------
@@ -279,12 +333,13 @@ def sample_hidden_states(
     ------
     TypeError
         Non-integer lengths, counts or seed; a ``cache_dir`` that is not None, ``"auto"`` or a
-        path; not a model.
+        path; not a model; a ``progress`` that is not True, False or None.
     embgeom._hf.UnsupportedModelError (a TypeError and a ValueError)
         The wrong kind of model (see :func:`hidden_states`): no ``config``, an encoder-decoder
         model, no unembedding.
     ValueError
-        Empty ``lengths``, a length or count <= 0, a length above the model's maximum
+        Empty ``lengths``, a repeated length, an empty ``cache_dir`` or one that is a file (an
+        ``$EMBGEOM_CACHE`` that is a file with ``"auto"``, naming ``EMBGEOM_CACHE``), a length or count <= 0, a length above the model's maximum
         position, a negative seed; a model that is not causal (a masked LM); an architecture whose logits the adapter does not reproduce
         (named, see :func:`unembedding`).
 
@@ -306,17 +361,24 @@ def sample_hidden_states(
     lengths = [check_positive_int(v, "lengths") for v in list(lengths)]
     if not lengths:
         raise ValueError("lengths: expected at least one sequence length, got none")
+    repeated = sorted({v for v in lengths if lengths.count(v) > 1})
+    if repeated:
+        raise ValueError(f"lengths: expected distinct lengths, got {repeated} more than once (the "
+                         "draws for a length depend only on seed and the length, so a repeat "
+                         "would duplicate its hidden states exactly); raise n_per_length or use "
+                         "another seed for more states")
     n = check_positive_int(n_per_length, "n_per_length")
     batch_size = check_positive_int(batch_size, "batch_size")
     seed = check_positive_int(seed, "seed", minimum=0)
+    progress = _check_progress(progress)
     _check_positions(hf, max(lengths), "lengths", "the longest random token sequence")
     n_rows, d = _output_embeddings(hf).weight.shape
     vocab = min(len(tokenizer) if tokenizer is not None else _config_vocab(hf), n_rows)
     allowed = _allowed_token_ids(hf, tokenizer, vocab)
     row_lengths = np.repeat(np.asarray(lengths, dtype=np.int64), n)
+    folder = _cache_folder(cache_dir)
     _check_model(hf)
 
-    folder = _cache_folder(cache_dir)
     path = key = None
     if folder is not None:
         key = _cache_key(hf, allowed, lengths, n, seed)
@@ -332,7 +394,7 @@ def sample_hidden_states(
     H = np.empty((row_lengths.size, d), dtype=np.float32)
     row = 0
     with tqdm(total=row_lengths.size, desc=f"hidden states ({name})", unit="seq",
-              disable=not progress, leave=False) as bar:
+              disable=not progress, leave=False, mininterval=MIN_INTERVAL_S) as bar:
         for length in lengths:
             gen = torch.Generator().manual_seed(_length_seed(seed, length))
             done = 0

@@ -1,0 +1,144 @@
+"""A new user's findings (issue 21's reliability rules): each bad input is a clear error that
+names the argument, raised before any work; never a raw error from deep inside torch or numpy,
+a silently wrong number, or a file written where none was asked for. One section per kind."""
+
+from __future__ import annotations
+
+import gc
+import io
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from embgeom import adapters
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                      initializer_range=0.3, tie_word_embeddings=False,
+                      attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _tiny_gpt2(n_positions: int = 16):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=n_positions,
+                         bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return _tiny_llama()
+
+
+# ------------------------------------------------------------------ 1. sample_hidden_states
+
+
+@pytest.mark.parametrize("lengths", [[4, 4], [3, 5, 3], (2, 2, 2)])
+def test_repeated_lengths_are_refused(tiny_llama, lengths):
+    """The draws of a length depend only on (seed, length): [4, 4] gave H[:2] == H[2:]."""
+    with pytest.raises(ValueError, match=r"^lengths: expected distinct lengths"):
+        adapters.sample_hidden_states(tiny_llama, lengths, 2, progress=False)
+
+
+def test_distinct_lengths_still_sample(tiny_llama):
+    H, L = adapters.sample_hidden_states(tiny_llama, [4, 5], 2, progress=False)
+    assert H.shape == (4, 32) and L.tolist() == [4, 4, 5, 5]
+    assert not np.array_equal(H[:2], H[2:])
+
+
+def test_sample_progress_default_follows_the_terminal(tiny_llama, monkeypatch, capsys):
+    """progress=None (the default): no bar when stderr is a pipe or a file."""
+    import inspect
+
+    assert inspect.signature(adapters.sample_hidden_states).parameters["progress"].default is None
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    adapters.sample_hidden_states(tiny_llama, [4], 3, batch_size=1)
+    assert sys.stderr.getvalue() == ""
+    with pytest.raises(TypeError, match="^progress: expected True, False or None"):
+        adapters.sample_hidden_states(tiny_llama, [4], 3, progress="yes")
+
+
+# ------------------------------------------------------------------ 2. forward passes
+
+
+@pytest.mark.parametrize("fn", [adapters.hidden_states, adapters.logits])
+def test_input_longer_than_the_position_table_names_input_ids(fn):
+    model = _tiny_gpt2(16)
+    with pytest.raises(ValueError, match=r"^input_ids: 40 positions .* maximum position \(16"):
+        fn(model, np.zeros((1, 40), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"^input_ids: 17 positions"):
+        fn(model, np.zeros(17, dtype=np.int64))
+    assert fn(model, np.zeros((1, 16), dtype=np.int64)).shape[0] == 1  # the limit itself runs
+
+
+@pytest.mark.parametrize("fn", [adapters.hidden_states, adapters.logits])
+@pytest.mark.parametrize("bad", [64, 1000, -1])
+def test_token_ids_outside_the_vocabulary_name_input_ids(fn, bad):
+    model = _tiny_gpt2(16)
+    ids = np.array([[1, 2, bad]])
+    with pytest.raises(ValueError, match=r"^input_ids: values must lie in \[0, 64\)"):
+        fn(model, ids)
+
+
+def test_ids_past_a_smaller_input_table_are_refused():
+    """A head with more rows than the input table (a resized lm_head): the lookup's limit."""
+    model = _tiny_gpt2(16)
+    model.lm_head = torch.nn.Linear(32, 80, bias=False)
+    with pytest.raises(ValueError, match=r"^input_ids: values must lie in \[0, 64\)"):
+        adapters.logits(model, np.array([[1, 70]]))
+
+
+# ------------------------------------------------------------------ 6/7. cache paths
+
+
+def test_empty_cache_dir_is_refused(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="^cache_dir: expected a folder path"):
+        adapters.sample_hidden_states(tiny_llama, [4], 2, cache_dir="", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cache_dir_that_is_a_file_is_refused(tiny_llama, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="^cache_dir: .* exists and is not a folder"):
+        adapters.sample_hidden_states(tiny_llama, [4], 2, cache_dir=f, progress=False)
+
+
+def test_embgeom_cache_that_is_a_file_names_the_variable(tiny_llama, tmp_path, monkeypatch):
+    f = tmp_path / "f"
+    f.write_text("x")
+    monkeypatch.setenv("EMBGEOM_CACHE", str(f))
+    with pytest.raises(ValueError, match="^EMBGEOM_CACHE: .* exists and is not a folder"):
+        adapters.sample_hidden_states(tiny_llama, [4], 2, cache_dir="auto", progress=False)
+    with pytest.raises(ValueError, match="^EMBGEOM_CACHE"):
+        adapters.default_cache_dir()
+
+
+def test_truncated_cache_file_is_closed(tiny_llama, tmp_path):
+    H, _ = adapters.sample_hidden_states(tiny_llama, [4], 2, cache_dir=tmp_path, progress=False)
+    (path,) = tmp_path.glob("*.npz")
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        H2, _ = adapters.sample_hidden_states(tiny_llama, [4], 2, cache_dir=tmp_path,
+                                              progress=False)
+        gc.collect()
+    kinds = [w.category for w in caught]
+    assert ResourceWarning not in kinds, [str(w.message) for w in caught]
+    assert RuntimeWarning in kinds
+    np.testing.assert_array_equal(H, H2)

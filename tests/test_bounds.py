@@ -607,12 +607,14 @@ def test_rare_event_cell_volumes_rate_by_hand_and_its_levels():
     rb = B.cell_volume_rate(cv, 2, n_boot=40, seed=3)
     assert rb.ci_level == 0.95 and rb.rate_ci is not None
     assert cv.cell_volume_rate(2, n_boot=40, seed=3, confidence=0.8).ci_level == 0.8
-    # ... and the per-token intervals are read at their own level, 0.5: se = 0.5 / z_0.75
-    ref = B.cell_volume_rate_from_logs(cv.log_fractions, 2, log_lower=cv.log_lower,
-                                       log_upper=cv.log_upper, n_boot=40, seed=3,
+    # ... and the per-token intervals are read at their own level, 0.5: se = 0.5 / z_0.75,
+    # each log-share raised by se^2 / 2 first (the log bias of an unbiased share estimate)
+    sh = 0.5 * (0.5 / 0.6744897501960817) ** 2
+    xs, los = cv.log_fractions + sh, cv.log_lower + sh
+    his = np.minimum(cv.log_upper + sh, 0.0)
+    ref = B.cell_volume_rate_from_logs(xs, 2, log_lower=los, log_upper=his, n_boot=40, seed=3,
                                        token_confidence=0.5)
-    wrong = B.cell_volume_rate_from_logs(cv.log_fractions, 2, log_lower=cv.log_lower,
-                                         log_upper=cv.log_upper, n_boot=40, seed=3,
+    wrong = B.cell_volume_rate_from_logs(xs, 2, log_lower=los, log_upper=his, n_boot=40, seed=3,
                                          token_confidence=0.95)
     assert rb.rate_bootstrap == ref.rate_bootstrap != wrong.rate_bootstrap
     # default n_boot of a rare-event CellVolumes: 200 replicates (its interval is part of it)
@@ -754,3 +756,28 @@ def test_threshold_monotone_and_large():
 # ------------------------------------------------------------------------------------------
 
 
+
+
+def test_rare_event_rate_removes_the_log_bias_of_each_token():
+    # A token sample (2 of 4 tokens estimated, so no renormalisation): the rate's asymptote is
+    # -mean(log-share). Splitting is unbiased in the share, so its log is low by se^2 / 2; the
+    # rate raises each rare-event log-share by that much. Half-width 0.5 at level 0.5:
+    # se = 0.5 / z_0.75, z_0.75 = 0.6744897501960817.
+    from embgeom.volumes import CellVolumes
+
+    x = np.log([0.1, 0.05])
+    se = 0.5 / 0.6744897501960817
+    cv = CellVolumes(fractions=np.zeros(4), counts=np.zeros(4, np.int64), n_samples=100,
+                     lower=np.zeros(4), upper=np.ones(4), confidence=0.5,
+                     interval="clopper-pearson", support_log_volume=0.0, sampling="directions",
+                     seed=np.random.SeedSequence(0), seconds=0.0,
+                     log_fractions=np.array([x[0], x[1], np.nan, np.nan]),
+                     log_lower=np.array([x[0] - 0.5, x[1] - 0.5, np.nan, np.nan]),
+                     log_upper=np.array([x[0] + 0.5, x[1] + 0.5, np.nan, np.nan]),
+                     token_method=np.array(["rare-event", "uniform", "not estimated",
+                                            "not estimated"]),
+                     estimator="rare-event")
+    r = cv.cell_volume_rate(4, n_boot=0)
+    # token 0 (rare-event) shifted by se^2 / 2 = 0.27480..., token 1 (a count) left as it is
+    assert r.rate_asymptotic == pytest.approx(-(x[0] + se**2 / 2 + x[1]) / 2, abs=1e-12)
+    assert r.token_sample and r.vocab_size == 4

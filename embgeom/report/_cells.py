@@ -140,8 +140,12 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
         raise ValueError(f"unargmaxable: expected 'full' or 'off', got {unargmaxable!r}")
     os.makedirs(out_dir, exist_ok=True)
     out = Path(out_dir)
+    # one splitting run per token (target_se=None): lambda over a token sample is limited by the
+    # spread across tokens (about 2 nats / sqrt(1000) = 0.06), not by each token's precision,
+    # and the rate removes the per-token log bias (CellVolumes.cell_volume_rate); the adaptive
+    # default would take about 25 runs per SmolLM2 token (docs/theory.md, section 5.1)
     cv = cell_volumes(decoder, support, n_samples, seed=seed, progress=progress, method=method,
-                      tokens=tokens, executor=executor)
+                      tokens=tokens, executor=executor, target_se=None)
     np.save(out / "cell_fractions.npy", cv.fractions)
     shares = cell_log_shares(cv)
     V = int(shares["log_shares"].size)

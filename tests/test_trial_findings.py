@@ -142,3 +142,121 @@ def test_truncated_cache_file_is_closed(tiny_llama, tmp_path):
     assert ResourceWarning not in kinds, [str(w.message) for w in caught]
     assert RuntimeWarning in kinds
     np.testing.assert_array_equal(H, H2)
+
+
+# ------------------------------------------------------------------ 4. cramming resume
+
+
+def _cram_tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                      initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1,
+                      attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def cram_tiny():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield _cram_tiny()
+    torch.set_num_threads(old)
+
+
+def _fake_cram(model, targets, n_mem, **kw):
+    from embgeom import cramming
+
+    B, n = np.asarray(targets).shape
+    m = np.broadcast_to(np.asarray(n_mem), (B,))
+    ok = n <= 3 * m
+    return cramming.CramResult(
+        success_teacher_forced=ok, success_generation=ok, steps=np.full(B, 7, np.int64),
+        loss=np.zeros(B), accuracy=ok.astype(float),
+        memory=np.zeros((B, int(m.max()), 48), np.float32), n_mem=int(m.max()), length=n,
+        dtype="float32", device="cpu", wall_s=0.0)
+
+
+HKW4 = dict(n_targets=6, max_length=4, protocol="adam", steps_per_length=5, batch_size=6,
+            n_boot=0, check_generation=False)
+
+
+def _resume_calls(tmp_path, run):
+    """Run, spoil line 2, resume twice: ``(lines after each resume, ResumeRecordWarnings of
+    each resume)``."""
+    from embgeom.cramming import ResumeRecordWarning
+
+    J = tmp_path / "r.jsonl"
+    first = run(J)
+    lines = J.read_text().splitlines()
+    lines[1] = "garbage"
+    J.write_text("\n".join(lines) + "\n")
+    counts, warned, results = [], [], []
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results.append(run(J))
+        counts.append(len(J.read_text().splitlines()))
+        warned.append([str(w.message) for w in caught
+                       if issubclass(w.category, ResumeRecordWarning)])
+    return first, results, counts, warned, J
+
+
+def test_horizons_resume_writes_only_the_missing_target_and_warns_once(cram_tiny, tmp_path):
+    """One bad line re-ran its batch of 6 and appended 6 records (11 lines for 6 targets)."""
+    from embgeom.cramming import horizons
+
+    first, (again, third), counts, warned, J = _resume_calls(
+        tmp_path, lambda j: horizons(cram_tiny, 1, jsonl=j, **HKW4))
+    assert counts == [7, 7]  # 5 valid + the garbage line + target 1's new record
+    assert len(warned[0]) == 1 and "line 2: not a JSON line" in warned[0][0]
+    assert warned[1] == []  # superseded: target 1 has a trusted record now
+    recs = [__import__("json").loads(x) for x in J.read_text().splitlines() if x != "garbage"]
+    assert sorted(r["target_index"] for r in recs) == list(range(6))
+    np.testing.assert_array_equal(again.horizons, first.horizons)
+    np.testing.assert_array_equal(third.horizons, first.horizons)
+    assert [r["steps"] for r in again.records] == [r["steps"] for r in first.records]
+
+
+@pytest.mark.parametrize("fn", ["accessibility_curve", "mixed_curves"])
+def test_per_length_resume_warns_once_about_a_superseded_line(cram_tiny, tmp_path,
+                                                             monkeypatch, fn):
+    from embgeom import cramming
+
+    monkeypatch.setattr(cramming._curve, "cram", _fake_cram)
+    run = {
+        "accessibility_curve": lambda j: cramming.accessibility_curve(
+            cram_tiny, 1, [4], 6, batch_size=3, jsonl=j, progress=False).successes.tolist(),
+        "mixed_curves": lambda j: cramming.mixed_curves(
+            cram_tiny, {1: [2, 4]}, 3, n_batches=2, jsonl=j, progress=False)[1]
+        .successes.tolist(),
+    }[fn]
+    first, results, counts, warned, _ = _resume_calls(tmp_path, run)
+    assert counts == [7, 7]  # 6 records + the garbage line, one record per target
+    assert len(warned[0]) == 1 and warned[1] == []
+    assert results == [first, first]
+
+
+def test_a_bad_line_of_another_key_still_warns_when_there_is_work(cram_tiny, tmp_path,
+                                                                 monkeypatch):
+    """Not superseded (its key has no trusted record): warned about, once per run with work."""
+    import json
+
+    from embgeom import cramming
+    from embgeom.cramming import ResumeRecordWarning
+
+    monkeypatch.setattr(cramming._curve, "cram", _fake_cram)
+    J = tmp_path / "r.jsonl"
+    cramming.accessibility_curve(cram_tiny, 1, [4], 2, jsonl=J, progress=False)
+    lines = J.read_text().splitlines()
+    lines[0] = json.dumps({**json.loads(lines[0]), "length": 0})  # a key no run writes
+    J.write_text("\n".join(lines) + "\n")
+    with pytest.warns(ResumeRecordWarning, match="line 1: length = 0"):
+        cramming.accessibility_curve(cram_tiny, 1, [4], 2, jsonl=J, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeRecordWarning)  # nothing to run: no warning
+        cramming.accessibility_curve(cram_tiny, 1, [4], 2, jsonl=J, progress=False)
+    with pytest.warns(ResumeRecordWarning, match="line 1: length = 0"):  # work again: warned
+        cramming.accessibility_curve(cram_tiny, 1, [4, 5], 2, jsonl=J, progress=False)

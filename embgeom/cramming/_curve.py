@@ -202,24 +202,49 @@ def _per_length_key(r: dict):
     return (r.get("settings_hash"), r.get("n_mem"), r.get("length"), r.get("target_index"))
 
 
-def _read_jsonl(path, key=None, check=None) -> dict:
+class _Records(dict):
+    """Trusted records by key (a dict), and the bad lines of the file that still matter.
+
+    ``untrusted`` holds ``(line number, why)`` of each bad line that no trusted record of the
+    same key supersedes; :meth:`warn_untrusted` warns about them, once, when the run finds
+    targets to run again. A bad line whose target has since been run again (its valid record
+    appended after it by the resume that warned) is therefore not warned about on every later
+    run: the file is left as it is (never rewritten, so nothing in it is lost), and the line is
+    ignored as it always was.
+    """
+
+    def __init__(self, path=None):
+        super().__init__()
+        self.path = path
+        self.untrusted: list[tuple[int, str]] = []
+
+    def warn_untrusted(self) -> None:
+        pending, self.untrusted = self.untrusted, []
+        for lineno, problem in pending:
+            _distrust(self.path, lineno, problem)
+
+
+def _read_jsonl(path, key=None, check=None) -> _Records:
     """Trusted records of a JSONL file keyed by ``key(record)``; a later record of a key wins.
 
     ``key`` defaults to the per-length key ``(settings_hash, n_mem, length, target_index)`` and
     ``check`` (``record -> None or why it cannot be trusted``) to the per-length record's check.
     A last line without its final newline that is not JSON was cut short by an interrupted
     write: it is skipped silently (the next append removes it). Any other line that is not a
-    JSON object, or a record that ``check`` refuses, is skipped with a
-    :class:`ResumeRecordWarning` naming the file and the line number, so its target runs again.
+    JSON object, or a record that ``check`` refuses, is skipped; unless a trusted record of
+    its key is in the file too (the target was run again since), it is kept in the result's
+    ``untrusted``, for a :class:`ResumeRecordWarning` naming the file and the line number
+    (:meth:`_Records.warn_untrusted`, called by the run once it has targets to run again).
     """
     key = _per_length_key if key is None else key
     check = _per_length_problem if check is None else check
-    done = {}
+    done = _Records(path)
     if path is None or not os.path.exists(path):
         return done
     with open(path, encoding="utf-8", errors="replace", newline="") as fh:
         text = fh.read()
     lines = text.split("\n")
+    bad: list[tuple[int, str, object]] = []
     for i, line in enumerate(lines):
         line = line.strip()
         if not line:
@@ -229,13 +254,21 @@ def _read_jsonl(path, key=None, check=None) -> dict:
             r = json.loads(line)
         except json.JSONDecodeError:
             if not torn:
-                _distrust(path, i + 1, "not a JSON line")
+                bad.append((i + 1, "not a JSON line", None))
             continue
         problem = "not a JSON object" if not isinstance(r, dict) else check(r)
         if problem is not None:
-            _distrust(path, i + 1, problem)
+            bad.append((i + 1, problem, r))
             continue
         done[key(r)] = r
+    for lineno, problem, r in bad:
+        if isinstance(r, dict):
+            try:
+                if key(r) in done:  # superseded: its target has a trusted record
+                    continue
+            except TypeError:  # a key field that is not hashable (a list): not superseded
+                pass
+        done.untrusted.append((lineno, problem))
     return done
 
 
@@ -243,7 +276,7 @@ def _distrust(path, lineno: int, problem: str) -> None:
     import warnings
 
     warnings.warn(f"{os.fspath(path)}, line {lineno}: {problem}; the record is not trusted "
-                  "and its target is run again", ResumeRecordWarning, stacklevel=4)
+                  "and its target is run again", ResumeRecordWarning, stacklevel=5)
 
 
 def _append_lines(path, lines: list[str]) -> None:
@@ -310,8 +343,12 @@ class _ResumeStore:
         return (self.shash, self.n_mem, n, j)
 
     def missing(self, n: int, n_targets: int) -> list[int]:
-        """Target indices of length ``n`` without a record."""
-        return [j for j in range(n_targets) if self._key(n, j) not in self.records]
+        """Target indices of length ``n`` without a record (when there are any, the file's bad
+        lines not yet superseded are warned about first: :meth:`_Records.warn_untrusted`)."""
+        out = [j for j in range(n_targets) if self._key(n, j) not in self.records]
+        if out:
+            self.records.warn_untrusted()
+        return out
 
     def add(self, n: int, indices, res) -> None:
         """Record the :class:`CramResult` ``res`` of targets ``indices`` at length ``n``."""
@@ -630,6 +667,8 @@ def mixed_curves(model, lengths: dict, n_targets: int, *, n_batches: int = 1,
         batch = [rows[i] for i in idx]
         write = {r for r in batch if stores[r[0]]._key(r[1], r[2]) not in stores[r[0]].records}
         if write:
+            # every store read the same file: its bad lines are warned about once
+            next(iter(stores.values())).records.warn_untrusted()
             _cram_mixed_batch(model, stores, batch, target_source=target_source, seed=seed,
                               start=start, options=options, write=write)
     return {m: _curve_from_store(stores[m], grid[m], n_targets, settings, False) for m in grid}
@@ -743,8 +782,10 @@ def accessibility_curve(
     ResumeRecordWarning
         A line of ``jsonl`` that is not a trusted record (not JSON, a key missing, a field of
         the wrong type or range, settings that do not hash to its ``settings_hash``): named
-        by file and line number, not counted, its target run again. A last line cut short by
-        an interrupted write is removed without a warning.
+        by file and line number, not counted, its target run again. Warned about when the run
+        has targets to run again, and not at all once a trusted record of the line's target
+        follows it (the resume that warned appended one): the line stays in the file, ignored.
+        A last line cut short by an interrupted write is removed without a warning.
     """
     _check_jsonl(jsonl)
     n_mem = check_positive_int(n_mem, "n_mem")

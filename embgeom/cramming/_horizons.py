@@ -574,8 +574,9 @@ def _run_lbfgs_batch(su: _Setup, T: torch.Tensor, seeds: list, state, *, bar, **
 
 def _read_records(path) -> dict:
     """Trusted finished targets in a horizons JSONL file, keyed by (settings_hash,
-    target_index); a bad line warns (:class:`~embgeom.cramming._curve.ResumeRecordWarning`)
-    and its target runs again (:func:`_horizon_problem`)."""
+    target_index); a bad line (:func:`_horizon_problem`) is skipped, its target runs again,
+    and it is warned about (:class:`~embgeom.cramming._curve.ResumeRecordWarning`) by
+    ``warn_untrusted()`` when there is work to do and no trusted record supersedes it."""
     return _read_jsonl(path, key=lambda r: (r.get("settings_hash"), r.get("target_index")),
                        check=_horizon_problem)
 
@@ -728,7 +729,10 @@ def horizons(
         A line of ``jsonl`` that is not a trusted horizon record (not JSON, a key missing, a
         field of the wrong type, a horizon above its ``max_length``, negative steps, settings
         that do not hash to its ``settings_hash``): named by file and line number, its target
-        run again. A last line cut short by an interrupted write is removed without a warning.
+        run again. Warned about when there are batches to run, and not at all once a trusted
+        record of the line's target follows it (the resume that warned appended one): the line
+        stays in the file, ignored. A last line cut short by an interrupted write is removed
+        without a warning.
     """
     _check_jsonl(jsonl, checkpoints=True)
     (n_mem, steps_per_length, max_steps, batch_size, checkpoint_every, n_boot, max_batches,
@@ -759,6 +763,8 @@ def horizons(
     if jsonl is not None:
         Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
     batches, todo = _batches_to_run(B_all, batch_size, shash, done, max_batches)
+    if todo:
+        done.warn_untrusted()
     memory: dict = {}
     bar = None
     if progress and todo:
@@ -879,28 +885,38 @@ def _run_batch(su: _Setup, b: int, idx: list, T_np, seed, jsonl, shash: str, set
     S = run(su, T, seeds, state, ckpt=ckpt, shash=shash, checkpoint_every=checkpoint_every,
             bar=bar)
     wall = time.perf_counter() - t_wall
-    recs = _records(su, S, idx, T_np[idx], shash, settings, wall, check_generation, su.hf)
+    # the batch ran whole, with its original partners (a resumed run equals the uninterrupted
+    # one), but only its targets without a trusted record are recorded: the others already
+    # have theirs, and a second line per target would only make the file longer
+    write = [(shash, j) not in done for j in idx]
+    recs = _records(su, S, idx, T_np[idx], shash, settings, wall, check_generation, su.hf,
+                    write=write)
     memory = {j: S["P_h"][r, :su.n_mem].detach().cpu().numpy().copy() for r, j in enumerate(idx)}
     for r in recs:
         done[(shash, r["target_index"])] = r
-    if jsonl is not None:
+    if jsonl is not None and recs:
         _append_lines(jsonl, [_json.dumps(r) for r in recs])
         if ckpt is not None and ckpt.exists():
             ckpt.unlink()
     return memory
 
 
-def _records(su: _Setup, S: dict, idx, T_np, shash, settings, wall, check_generation, hf):
+def _records(su: _Setup, S: dict, idx, T_np, shash, settings, wall, check_generation, hf,
+             write=None):
+    """The records of the rows of batch ``idx`` for which ``write`` (default: all) is true."""
     h = S["h"].cpu().numpy()
+    write = [True] * len(idx) if write is None else list(write)
     gen = [None] * len(idx)
     if check_generation:
         for r in range(len(idx)):
-            if h[r] > 0:
+            if h[r] > 0 and write[r]:
                 out = greedy_generate(hf, S["P_h"][r : r + 1, : su.n_mem].cpu().numpy(),
                                       int(h[r]), start_token=su.start)
                 gen[r] = bool((out[0] == T_np[r, : h[r]]).all())
     recs = []
     for r, j in enumerate(idx):
+        if not write[r]:
+            continue
         recs.append({
             "settings_hash": shash, "kind": "horizon", "target_index": int(j),
             "n_mem": su.n_mem, "horizon": int(h[r]),

@@ -72,7 +72,7 @@ def sweep(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("cram")
     summary = run_cram(
         tiny, [1, 2, 3, 4], out, lengths=[2, 4, 8, 16], n_targets=8, steps=STEPS, lr=LR,
-        seed=0, adaptive=True, max_length=64, n_boot=50, progress=False,
+        seed=0, adaptive=True, max_length=64, n_boot=100, progress=False,
     )
     return summary, out
 
@@ -145,7 +145,7 @@ def test_run_cram_files_and_resume(tiny, sweep, monkeypatch):
 
     monkeypatch.setattr(cramming._curve, "cram", refuse)
     again = run_cram(tiny, [1, 2, 3, 4], out, lengths=[2, 4, 8, 16], n_targets=8, steps=STEPS,
-                     lr=LR, seed=0, adaptive=True, max_length=64, n_boot=50, progress=False,
+                     lr=LR, seed=0, adaptive=True, max_length=64, n_boot=100, progress=False,
                      plot=False)
     assert again["curves"] == summary["curves"]
     assert len((out / "cram.jsonl").read_text().splitlines()) == trials
@@ -739,7 +739,7 @@ def test_adaptive_doubles_then_bisects(tiny, monkeypatch):
     assert c.accessibility.tolist() == [1, 1, 1, 1, 0, 0]
     c2 = accessibility_curve(tiny, 2, [3, 6, 12, 24], 3, adaptive=True, progress=False)
     assert c2.lengths.tolist() == [3, 6, 9, 10, 11, 12]
-    r = n50(c2, n_boot=20)
+    r = n50(c2, n_boot=100)
     assert 10 < r["n50"] < 11  # separated data: the midpoint of the gap
     c3 = accessibility_curve(tiny, 1, [20, 40], 3, adaptive=True, progress=False)
     assert c3.lengths.tolist() == [5, 6, 7, 10, 20]  # fails at once: bisect down from 0

@@ -233,7 +233,7 @@ def test_run_horizons_summary_is_read_by_the_report(tiny, tmp_path):
     from embgeom.report import read_cram_summary
 
     s = run_horizons(tiny, [1, 2], tmp_path, n_targets=4, max_length={1: 8, 2: 12},
-                     protocol="progressive", steps_per_length=40, n_boot=50, progress=False)
+                     protocol="progressive", steps_per_length=40, n_boot=100, progress=False)
     assert s["kind"] == "horizons" and set(s["n50"]) == {"1", "2"}
     for m in ("1", "2"):
         h = np.array(s["horizons"][m]["horizons"])

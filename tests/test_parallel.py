@@ -365,7 +365,7 @@ def _tiny_llama():
 
 
 _SWEEP = dict(lengths=[2, 4, 8], n_targets=3, steps=30, lr=0.05, seed=0, adaptive=True, max_length=8,
-              batch_size=1, n_boot=10, plot=False, progress=False)
+              batch_size=1, n_boot=0, plot=False, progress=False)
 
 
 def _records(path):

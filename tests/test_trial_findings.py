@@ -260,3 +260,55 @@ def test_a_bad_line_of_another_key_still_warns_when_there_is_work(cram_tiny, tmp
         cramming.accessibility_curve(cram_tiny, 1, [4], 2, jsonl=J, progress=False)
     with pytest.warns(ResumeRecordWarning, match="line 1: length = 0"):  # work again: warned
         cramming.accessibility_curve(cram_tiny, 1, [4, 5], 2, jsonl=J, progress=False)
+
+
+# ------------------------------------------------------------------ 5. bootstrap sizes
+
+
+def _curve_dict():
+    return {"lengths": [2, 4, 6, 8, 10], "successes": [8, 7, 4, 2, 0], "trials": [8] * 5}
+
+
+@pytest.mark.parametrize("n_boot", [1, 2, 99])
+def test_too_few_bootstrap_resamples_are_refused(n_boot):
+    """n_boot=1 gave a '95%' interval with lower == upper."""
+    from embgeom.cramming import HorizonCurve, n50
+
+    with pytest.raises(ValueError, match=r"^n_boot: expected 0 \(no interval\) or at least 100"):
+        n50(_curve_dict(), n_boot=n_boot)
+    recs = [{"horizon": h, "target_index": j} for j, h in enumerate([3, 4, 5, 6])]
+    with pytest.raises(ValueError, match="^n_boot: expected 0"):
+        HorizonCurve.from_records(recs, n_mem=1, max_length=8, n_boot=n_boot)
+    c = HorizonCurve.from_records(recs, n_mem=1, max_length=8, n_boot=0)
+    c.n_boot = n_boot  # the attribute set by hand is checked where it is used
+    with pytest.raises(ValueError, match="^n_boot: expected 0"):
+        c.n50()
+    with pytest.raises(ValueError, match="^n_boot"):
+        n50(_curve_dict(), n_boot=-1)
+
+
+def test_no_bootstrap_means_no_interval_not_nan():
+    from embgeom.cramming import HorizonCurve, n50
+
+    r = n50(_curve_dict(), n_boot=0)
+    assert np.isfinite(r["n50"]) and r["lower"] is None and r["upper"] is None
+    recs = [{"horizon": h, "target_index": j} for j, h in enumerate([3, 4, 5, 6])]
+    h = HorizonCurve.from_records(recs, n_mem=1, max_length=8, n_boot=0).n50()
+    assert h["n50"] == 4.5 and h["lower"] is None and h["upper"] is None
+    r = n50(_curve_dict(), n_boot=100, seed=0)
+    assert r["lower"] < r["n50"] < r["upper"]
+
+
+def test_horizons_and_run_entry_points_refuse_a_small_n_boot_before_any_work(cram_tiny,
+                                                                             tmp_path):
+    from embgeom.cramming import horizons, run_cram, run_horizons
+
+    with pytest.raises(ValueError, match="^n_boot: expected 0"):
+        horizons(cram_tiny, 1, n_targets=2, max_length=3, n_boot=1)
+    with pytest.raises(ValueError, match="^n_boot: expected 0"):
+        run_cram(cram_tiny, [1], tmp_path / "c", lengths=[2], n_targets=2, n_boot=5,
+                 progress=False)
+    with pytest.raises(ValueError, match="^n_boot: expected 0"):
+        run_horizons(cram_tiny, [1], tmp_path / "h", n_targets=2, max_length=3, n_boot=5,
+                     progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -20,6 +20,7 @@ from ._curve import _check_jsonl
 from ._horizons import horizons
 from ._optimise import _check_progress
 from ._protocols import DEFAULT_PROTOCOL, get_protocol
+from .analysis import check_n_boot
 from ._run import _check_out_dir, _fit, _load, _write_summary
 from ._targets import source_descriptor
 from .plots import plot_accessibility, plot_n50
@@ -85,6 +86,7 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
     batch_size, precision, check_generation, start_token, device :
         see :func:`horizons` (``max_length`` may also be a dict {m: length}).
     n_boot : int, default 1000
+        Bootstrap resamples of each n50 interval: 0 (no interval) or at least 100.
     c_theory : float, optional
         C_theory for the ratio of :func:`fit_slope`.
     plot : bool, default True
@@ -126,6 +128,7 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
                         f"'converged'), got {type(converged).__name__}")
     if c_theory is not None:
         c_theory = check_positive(c_theory, "c_theory")
+    n_boot = check_n_boot(n_boot)
     if not isinstance(plot, (bool, np.bool_)):
         raise TypeError(f"plot: expected True or False, got {plot!r}")
     progress = _check_progress(progress)

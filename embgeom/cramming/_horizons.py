@@ -64,7 +64,7 @@ from ._curve import (
 from ._optimise import PRECISIONS, _embedding_stats, _model_forward
 from ._protocols import DEFAULT_PROTOCOL, CramProtocol, get_protocol
 from ._targets import check_targets, sample_targets, source_descriptor
-from .analysis import HorizonCurve
+from .analysis import HorizonCurve, check_n_boot
 
 __all__ = ["horizons", "HORIZON_STOP_REASONS"]
 
@@ -697,7 +697,8 @@ def horizons(
         Also check that greedy generation from the horizon's memory vectors alone reproduces
         the first h tokens (``generation_ok`` per record).
     n_boot : int, default 1000
-        Bootstrap resamples of the n50 interval.
+        Bootstrap resamples of the n50 interval: 0 (no interval: its bounds are None) or at
+        least :data:`embgeom.cramming.analysis.MIN_BOOT` (100).
     device : str or torch.device, optional
     progress : bool, default False
         tqdm bar over batch updates.
@@ -805,7 +806,7 @@ def _check_arguments(*, n_mem, steps_per_length, max_steps, batch_size, checkpoi
     max_steps = None if max_steps is None else check_positive_int(max_steps, "max_steps")
     batch_size = check_positive_int(batch_size, "batch_size")
     checkpoint_every = check_positive_int(checkpoint_every, "checkpoint_every")
-    n_boot = check_positive_int(n_boot, "n_boot", minimum=0)
+    n_boot = check_n_boot(n_boot)
     if max_batches is not None:
         max_batches = check_positive_int(max_batches, "max_batches", minimum=0)
     for flag, name in ((warm_start, "warm_start"), (check_generation, "check_generation"),

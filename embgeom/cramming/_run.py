@@ -21,7 +21,7 @@ from embgeom._validation import check_positive_int
 from ._curve import _check_jsonl, accessibility_curve, mixed_curves
 from ._optimise import _check_cram_options, _check_progress
 from ._targets import source_descriptor
-from .analysis import fit_slope, n50
+from .analysis import check_n_boot, fit_slope, n50
 from .plots import plot_accessibility, plot_n50
 
 __all__ = ["run_cram"]
@@ -35,11 +35,18 @@ def _check_out_dir(out_dir) -> Path:
 
     Raises
     ------
+    TypeError
+        Not a path.
     ValueError
-        A path component exists and is not a folder.
+        An empty path, or a path component that exists and is not a folder.
     PermissionError, OSError
         The folder cannot be written (read-only, no permission), with the path in the message.
     """
+    if out_dir is None or isinstance(out_dir, bool) or not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"out_dir: expected a folder path, got {type(out_dir).__name__}")
+    if not str(os.fspath(out_dir)).strip():
+        raise ValueError("out_dir: expected a folder path, got an empty path (it would write "
+                         "into the current folder)")
     out = Path(out_dir)
     for parent in (out, *out.parents):
         if parent.exists() and not parent.is_dir():
@@ -206,7 +213,7 @@ def run_cram(
         :func:`embgeom.cramming._gpu_protocol.paper_protocol`), stored in the summary.
     plot : bool, default True
     n_boot : int, default 200
-        Bootstrap draws of :func:`n50`.
+        Bootstrap draws of :func:`n50`: 0 (no interval) or at least 100.
     c_theory : float, optional
         Theoretical slope for the ratio in :func:`fit_slope`.
     progress : bool or None, default None
@@ -239,7 +246,7 @@ def run_cram(
         raise ValueError("mems: expected at least one number of memory vectors")
     n_targets = check_positive_int(n_targets, "n_targets")
     batch_size = check_positive_int(batch_size, "batch_size")
-    n_boot = check_positive_int(n_boot, "n_boot", minimum=0)
+    n_boot = check_n_boot(n_boot)
     lengths, mixed_batches = _check_lengths(lengths, ms, mixed_batches)
     cram_kwargs = {} if betas is None else {"betas": tuple(betas) if isinstance(betas, list)
                                             else betas}

@@ -146,6 +146,31 @@ def _logistic_fit(x, k, N, s_min: float):
     return float(best.x[0]), float(math.exp(best.x[1]))
 
 
+#: The fewest bootstrap resamples a reported interval may rest on (0: no interval at all). With
+#: n_boot=1 the "95%" interval was one redraw (lower == upper); below about 100 the 2.5% and
+#: 97.5% quantiles are the extreme one or two draws, so the interval is mostly noise.
+MIN_BOOT = 100
+
+
+def check_n_boot(n_boot, name: str = "n_boot") -> int:
+    """``n_boot`` as an int: 0 (no interval: ``lower`` and ``upper`` are None) or at least
+    :data:`MIN_BOOT`.
+
+    Raises
+    ------
+    TypeError
+        Not an integer.
+    ValueError
+        Negative, or between 1 and ``MIN_BOOT - 1``; the message names ``name``.
+    """
+    n = check_positive_int(n_boot, name, minimum=0)
+    if 0 < n < MIN_BOOT:
+        raise ValueError(f"{name}: expected 0 (no interval) or at least {MIN_BOOT} bootstrap "
+                         f"resamples, got {n} (a percentile interval from so few draws is "
+                         "mostly noise; with 1 its bounds are equal)")
+    return n
+
+
 def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: float = 0.5) -> dict:
     """The length where accessibility crosses 50%, from a logistic fit, with a bootstrap interval.
 
@@ -162,6 +187,8 @@ def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: fl
     ----------
     curve : AccessibilityCurve or dict with ``lengths``, ``successes``, ``trials``
     n_boot : int, default 200
+        Bootstrap resamples: 0 (no interval: ``lower`` and ``upper`` are None, except for
+        separated data, whose interval is the gap) or at least :data:`MIN_BOOT` (100).
     seed : seed, default 0
         Seed of the bootstrap draws: anything ``numpy.random.default_rng`` accepts.
     confidence : float, default 0.95
@@ -172,7 +199,7 @@ def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: fl
     -------
     dict
         ``n50`` (tokens; NaN when censored), ``lower``, ``upper`` (bootstrap interval; a
-        bootstrap draw with no crossing counts as +inf or -inf), ``scale`` (tokens),
+        bootstrap draw with no crossing counts as +inf or -inf; None with ``n_boot=0``), ``scale`` (tokens),
         ``censored`` (None, ``"above"``: accessibility >= 0.5 at every tested length, so
         n50 > max length; ``"below"``: < 0.5 everywhere), ``separated`` (bool), ``n_boot``,
         ``confidence``.
@@ -180,10 +207,10 @@ def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: fl
     Raises
     ------
     TypeError, ValueError
-        Malformed curve or settings.
+        Malformed curve or settings; ``n_boot`` negative or in ``1 .. MIN_BOOT - 1``.
     """
     x, k, N = _curve_arrays(curve)
-    n_boot = check_positive_int(n_boot, "n_boot", minimum=0)
+    n_boot = check_n_boot(n_boot)
     confidence = check_probability(confidence, "confidence")
     s_min = check_positive(s_min, "s_min")
     rng = check_seed(seed)
@@ -218,8 +245,8 @@ def _n50_fit(x, k, N, s_min, rng, n_boot, confidence) -> dict:
     if n_boot:
         a = (1 - confidence) / 2
         lower, upper = (float(np.quantile(boots, q, method="inverted_cdf")) for q in (a, 1 - a))
-    else:
-        lower = upper = float("nan")
+    else:  # no interval was asked for: none, rather than NaN bounds that look like a failure
+        lower = upper = None
     return {"n50": loc, "lower": lower, "upper": upper, "scale": scale, "censored": None,
             "separated": False, **base}
 
@@ -399,7 +426,8 @@ class HorizonCurve:
         The per-target JSONL records (steps per length, CPU-seconds, stop reason, ...).
     settings : dict
     n_boot : int
-        Bootstrap resamples for :meth:`n50`.
+        Bootstrap resamples for :meth:`n50`: 0 (no interval, bounds None) or at least
+        :data:`MIN_BOOT` (100).
     seed : int
         Seed of the bootstrap.
     memory : dict {int: numpy.ndarray of float32, shape (m, d)}
@@ -427,8 +455,10 @@ class HorizonCurve:
         Raises
         ------
         ValueError
-            A record without ``horizon``, or a negative horizon.
+            A record without ``horizon``, or a negative horizon; ``n_boot`` negative or in
+            ``1 .. MIN_BOOT - 1``.
         """
+        n_boot = check_n_boot(n_boot)
         records = sorted(records, key=lambda r: r.get("target_index", 0))
         try:
             h = np.array([int(r["horizon"]) for r in records], np.int64)
@@ -486,20 +516,26 @@ class HorizonCurve:
             ``n50`` (``numpy.median`` of the horizons: the length where ``P(h >= n)`` crosses
             0.5), ``lower``, ``upper``, ``n_targets`` (finished), ``censored`` (True when a
             censored horizon lies at or below the median: n50 is then a lower bound),
-            ``confidence``, ``n_boot``.
+            ``confidence``, ``n_boot``. ``lower`` and ``upper`` are None when ``n_boot`` is 0.
+
+        Raises
+        ------
+        ValueError
+            ``n_boot`` (the attribute) negative or in ``1 .. MIN_BOOT - 1``; no horizon yet.
         """
         confidence = check_probability(confidence, "confidence")
+        n_boot = check_n_boot(self.n_boot)
         h = self.horizons.astype(np.float64)
         if h.size == 0:
             raise ValueError("horizons: no finished target yet")
         med = float(np.median(h))
         rng = np.random.default_rng(self.seed)
-        if self.n_boot:
-            boots = np.median(h[rng.integers(0, h.size, (self.n_boot, h.size))], axis=1)
+        if n_boot:
+            boots = np.median(h[rng.integers(0, h.size, (n_boot, h.size))], axis=1)
             a = (1 - confidence) / 2
             lo, hi = (float(np.quantile(boots, q, method="inverted_cdf")) for q in (a, 1 - a))
         else:
-            lo = hi = float("nan")
+            lo = hi = None
         # a censored horizon is a lower bound: n50 is one too when raising the censored
         # horizons without limit would change the median
         cens = bool(self.censored.any() and

@@ -312,3 +312,187 @@ def test_horizons_and_run_entry_points_refuse_a_small_n_boot_before_any_work(cra
         run_horizons(cram_tiny, [1], tmp_path / "h", n_targets=2, max_length=3, n_boot=5,
                      progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ 3. the copy task
+
+
+@pytest.fixture(scope="module")
+def copy16():
+    from embgeom import copying
+
+    task = copying.CopyTask(alphabet=16, l_train=4)
+    return copying.make_copy_model(task, hidden_size=8, num_layers=1, num_heads=2), task
+
+
+def _no_work(monkeypatch):
+    from embgeom.copying import _run
+
+    def boom(*a, **k):
+        raise AssertionError("work started before the arguments were checked")
+
+    monkeypatch.setattr(_run, "make_copy_model", boom)
+    monkeypatch.setattr(_run, "train_copy_model", boom)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(l_train=100000), r"^l_train: a training step at l_train=100000 .* GiB"),
+    (dict(l_train=4, max_length=10**8), r"^max_length: evaluating copies up to length"),
+    (dict(num_threads=0), r"^num_threads"),
+    (dict(precision="fp7"), r"^precision: unknown float format 'fp7'"),
+    (dict(n_eval=0), r"^n_eval"),
+    (dict(hidden_size=10, num_heads=4), r"^hidden_size: must be divisible"),
+    (dict(steps=0), r"^steps"),
+    (dict(compare_bounds="yes"), r"^compare_bounds"),
+])
+def test_run_copy_checks_every_argument_before_any_work(tmp_path, monkeypatch, kw, match):
+    from embgeom import copying
+
+    _no_work(monkeypatch)
+    out = tmp_path / "c_bad"
+    with pytest.raises((ValueError, TypeError), match=match):
+        copying.run_copy(out, steps=kw.pop("steps", 1), progress=False, **kw)
+    assert not out.exists()  # no output folder left behind by a refused call
+
+
+def test_run_copy_out_dir_that_is_a_file_or_empty(tmp_path, monkeypatch):
+    from embgeom import copying
+
+    _no_work(monkeypatch)
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="^out_dir: .* exists and is not a folder"):
+        copying.run_copy(f, steps=1, progress=False)
+    with pytest.raises(ValueError, match="^out_dir: .* exists and is not a folder"):
+        copying.run_copy(f / "below", steps=1, progress=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="^out_dir: expected a folder path, got an empty"):
+        copying.run_copy("", steps=1, progress=False)
+    with pytest.raises(TypeError, match="^out_dir"):
+        copying.run_copy(None, steps=1, progress=False)
+
+
+def test_compare_with_bounds_refuses_a_task_of_another_alphabet(copy16):
+    from embgeom import copying
+
+    model, _ = copy16
+    ev = {"lengths": [1, 2], "exact_match_count": [3, 2], "n_eval": 4}
+    for alphabet in (40, 8):
+        with pytest.raises(ValueError, match=rf"^task: CopyTask\(alphabet={alphabet}\) has "
+                                             r".* the model has 18.*alphabet 16"):
+            copying.compare_with_bounds(model, copying.CopyTask(alphabet=alphabet, l_train=6), ev)
+    with pytest.raises(ValueError, match=r"^task: CopyTask\(alphabet=40\)"):
+        copying.evaluate_copy(model, copying.CopyTask(alphabet=40, l_train=6), [1],
+                              progress=False)
+    with pytest.raises(ValueError, match=r"^task: CopyTask\(alphabet=40\)"):
+        copying.copy_hidden_states(model, copying.CopyTask(alphabet=40, l_train=6), [1])
+
+
+@pytest.mark.parametrize("counts, match", [
+    ([5, 2], r"counts in \[0, n_eval=4\].*\[5\]"),
+    ([-1, 2], r"counts in \[0, n_eval=4\].*\[-1\]"),
+    ([1.5, 2], r"whole counts"),
+    ([float("nan"), 2], r"whole counts"),
+    ([[1], [2]], r"one exact_match_count per length"),
+])
+def test_compare_with_bounds_refuses_impossible_counts(copy16, counts, match):
+    from embgeom import copying
+
+    model, task = copy16
+    ev = {"lengths": [1, 2], "exact_match_count": counts, "n_eval": 4}
+    with pytest.raises(ValueError, match=r"^evaluation.*" + match):
+        copying.compare_with_bounds(model, task, ev)
+
+
+def test_compare_with_bounds_precision_and_threads_named(copy16):
+    from embgeom import copying
+
+    model, task = copy16
+    ev = {"lengths": [1, 2], "exact_match_count": [3, 2], "n_eval": 4}
+    with pytest.raises(ValueError, match="^precision: unknown float format"):
+        copying.compare_with_bounds(model, task, ev, precision="fp7")
+    with pytest.raises(ValueError, match="^num_threads"):
+        copying.evaluate_copy(model, task, [1], num_threads=0, progress=False)
+    with pytest.raises(ValueError, match="^num_threads"):
+        copying.train_copy_model(model, task, steps=1, num_threads=0, progress=False)
+
+
+# ------------------------------------------------------------------ 6/7. the command line
+
+
+def _cli(capsys, argv):
+    from embgeom.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        raise SystemExit(main(argv))
+    return exc.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["cram", "--out", ""], "--out"),
+    (["copy", "--out", ""], "--out"),
+    (["report", "--model", "x", "--out", ""], "--out"),
+    (["report", "--model", "x", "--cache-dir", ""], "--cache-dir"),
+])
+def test_cli_refuses_an_empty_path(capsys, tmp_path, monkeypatch, argv, flag):
+    monkeypatch.chdir(tmp_path)
+    code, err = _cli(capsys, argv)
+    assert code == 2 and f"argument {flag}: expected a folder path, got an empty" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_embgeom_cache_that_is_a_file_exits_2(capsys, tmp_path, monkeypatch):
+    """Like --cache-dir <file>: one line naming EMBGEOM_CACHE, before the model loads (the
+    report used to run on uncached, with a warning)."""
+    f = tmp_path / "cachefile"
+    f.write_text("x")
+    monkeypatch.setenv("EMBGEOM_CACHE", str(f))
+    code, err = _cli(capsys, ["report", "--model", "no-such-model", "--out",
+                              str(tmp_path / "r")])
+    assert code == 2 and "error: EMBGEOM_CACHE: " in err and str(f) in err, err
+    assert len(err.strip().splitlines()) == 1
+    # --no-cache does not read it
+    code, err = _cli(capsys, ["report", "--model", "no-such-model", "--no-cache", "--out",
+                              str(tmp_path / "r")])
+    assert code == 2 and "EMBGEOM_CACHE" not in err and "--model" in err, err
+
+
+def test_cli_warnings_are_one_line(capsys, tmp_path, monkeypatch):
+    from embgeom import cramming
+
+    def fake(model, mems, out, **kw):
+        warnings.warn("the budget did not converge\n  (more detail)", RuntimeWarning)
+        return {"summary_lines": ["ok"]}
+
+    monkeypatch.setattr(cramming, "run_cram", fake)
+    before = warnings.showwarning
+    code, err = _cli(capsys, ["cram", "--out", str(tmp_path / "c")])
+    assert code == 0
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines == ["embgeom: warning: the budget did not converge (more detail)"], err
+    assert warnings.showwarning is before  # main restores the caller's
+    code, err = _cli(capsys, ["cram", "--out", str(tmp_path / "c"), "-q"])
+    assert code == 0 and "warning" not in err  # -q hides warnings
+
+
+def test_importing_the_cli_leaves_warnings_alone():
+    import importlib
+
+    import embgeom.cli
+
+    before = warnings.showwarning
+    importlib.reload(embgeom.cli)
+    assert warnings.showwarning is before
+
+
+# ------------------------------------------------------------------ 7. ragged targets
+
+
+def test_ragged_targets_name_targets(cram_tiny):
+    from embgeom import cramming
+
+    with pytest.raises(ValueError, match=r"^targets: expected targets of one common length.*"
+                                         r"\[2, 1\]"):
+        cramming.horizons(cram_tiny, 1, targets=[[1, 2], [3]])
+    with pytest.raises(ValueError, match="^targets: "):
+        cramming.horizons(cram_tiny, 1, targets=[[1, 2], 3])

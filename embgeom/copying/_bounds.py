@@ -18,7 +18,7 @@ from embgeom._hf import base_model, input_embeddings, measuring, output_embeddin
 from embgeom._stats import wilson_interval
 from embgeom._validation import check_positive_int, seed_sequence
 
-from ._task import CopyTask, _check_lengths, _torch_threads
+from ._task import CopyTask, _check_lengths, _check_task_fits, _torch_threads
 
 
 def copy_hidden_states(
@@ -68,8 +68,11 @@ def copy_hidden_states(
     Runs under :func:`embgeom._hf.measuring`: eval mode and no gradient inside, the caller's
     training flags restored after.
     """
+    if not isinstance(task, CopyTask):
+        raise TypeError(f"task: expected a CopyTask, got {type(task).__name__}")
     lengths = _check_lengths(lengths)
     n_per_length = check_positive_int(n_per_length, "n_per_length")
+    _check_task_fits(model, task)
     rows, row_lengths = [], []
     base = base_model(model)
     with _torch_threads(num_threads), measuring(model):
@@ -155,9 +158,10 @@ def compare_with_bounds(
     Raises
     ------
     TypeError, ValueError
-        ``task`` not a CopyTask, ``evaluation`` not the dict of :func:`evaluate_copy` (a key
-        missing, counts not one per length), ``n_cell_samples < 100``, an unknown
-        ``precision``.
+        ``task`` not a CopyTask or not the model's (its ``alphabet + 2`` tokens are not the
+        model's vocabulary), ``evaluation`` not the dict of :func:`evaluate_copy` (a key
+        missing, counts not one whole number in ``[0, n_eval]`` per length),
+        ``n_cell_samples < 100``, an unknown ``precision``. All before any work.
 
     Notes
     -----
@@ -170,17 +174,19 @@ def compare_with_bounds(
 
     if not isinstance(task, CopyTask):
         raise TypeError(f"task: expected a CopyTask, got {type(task).__name__}")
+    if not isinstance(evaluation, dict):
+        raise TypeError(f"evaluation: expected the dict of evaluate_copy, got "
+                        f"{type(evaluation).__name__}")
     for key in ("lengths", "exact_match_count", "n_eval"):
         if key not in evaluation:
             raise ValueError(f"evaluation: expected the dict of evaluate_copy, missing {key!r}")
     lengths = _check_lengths(evaluation["lengths"], "evaluation['lengths']")
-    counts = np.asarray(evaluation["exact_match_count"], dtype=np.float64)
-    if counts.shape != lengths.shape:
-        raise ValueError(f"evaluation: expected one exact_match_count per length, got "
-                         f"{counts.shape[0] if counts.ndim == 1 else counts.shape} for "
-                         f"{lengths.size} lengths")
     n_eval = check_positive_int(evaluation["n_eval"], "evaluation['n_eval']")
+    counts = _check_counts(evaluation["exact_match_count"], lengths, n_eval)
     n_cell_samples = check_positive_int(n_cell_samples, "n_cell_samples", minimum=100)
+    n_hidden_per_length = check_positive_int(n_hidden_per_length, "n_hidden_per_length")
+    _check_precision(precision)
+    _check_task_fits(model, task)
 
     prompt = _prompt_bound(model, task, precision)
     ball, eps, alphabet = prompt["ball"], prompt["eps"], task.alphabet
@@ -230,6 +236,40 @@ _NOTES = (
     "(consistent=True). Cor. 4.10 assumes a permutation-invariant (mean-field) model; "
     "this RoPE model is not one, so cor410_n_threshold_unbounded is for scale only."
 )
+
+
+def _check_counts(raw, lengths: np.ndarray, n_eval: int) -> np.ndarray:
+    """``evaluation['exact_match_count']`` as float64, one whole count in ``[0, n_eval]`` per
+    length (a count above ``n_eval`` is a Wilson bound above 1, a fraction no count at all)."""
+    name = "evaluation['exact_match_count']"
+    try:
+        counts = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected one count (an int) per length, got "
+                        f"{type(raw).__name__}") from None
+    if counts.shape != lengths.shape:
+        raise ValueError(f"evaluation: expected one exact_match_count per length, got "
+                         f"{counts.shape[0] if counts.ndim == 1 else counts.shape} for "
+                         f"{lengths.size} lengths")
+    if not np.all(np.isfinite(counts)) or np.any(counts != np.round(counts)):
+        raise ValueError(f"{name}: expected whole counts of exact copies, got "
+                         f"{[float(c) for c in counts if not (np.isfinite(c) and c == round(c))][:3]}")
+    if np.any(counts < 0) or np.any(counts > n_eval):
+        bad = [int(c) for c in counts if c < 0 or c > n_eval][:3]
+        raise ValueError(f"{name}: expected counts in [0, n_eval={n_eval}] (strings per "
+                         f"length), got {bad}")
+    return counts
+
+
+def _check_precision(precision) -> None:
+    """An unknown ``precision`` names the argument here, before any work."""
+    from embgeom import bounds
+
+    try:
+        bounds.precision_eps(1.0, precision)
+    except (TypeError, ValueError) as exc:
+        text = str(exc).split(": ", 1)[-1]
+        raise ValueError(f"precision: {text}") from None
 
 
 def _threshold_length(c: float) -> float | None:

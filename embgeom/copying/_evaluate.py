@@ -19,7 +19,7 @@ from embgeom._validation import (
     seed_sequence,
 )
 
-from ._task import CopyTask, _check_lengths, _torch_threads
+from ._task import CopyTask, _check_lengths, _check_task_fits, _torch_threads
 
 
 def greedy_copy(model, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
@@ -106,7 +106,7 @@ def evaluate_copy(
     Raises
     ------
     ValueError
-        Empty ``lengths``, a length < 1, ``n_eval < 1``.
+        Empty ``lengths``, a length < 1, ``n_eval < 1``, a task that is not the model's.
     TypeError
         Non-integer lengths.
     """
@@ -115,6 +115,7 @@ def evaluate_copy(
     lengths = _check_lengths(lengths)
     n_eval = check_positive_int(n_eval, "n_eval")
     batch_size = check_positive_int(batch_size, "batch_size")
+    _check_task_fits(model, task)
     t0 = time.perf_counter()
     em_counts, per_token = [], []
     with _torch_threads(num_threads), measuring(model):

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from embgeom._validation import check_positive, check_positive_int, check_seed
 
-from ._task import TASK_FILE, CopyTask, _torch_threads
+from ._task import TASK_FILE, CopyTask, _check_task_fits, _check_threads, _torch_threads
 
 
 def make_copy_model(
@@ -156,6 +156,8 @@ def train_copy_model(
     if warmup >= 1:
         raise ValueError(f"warmup: expected a fraction in (0, 1), got {warmup}")
     log_every = check_positive_int(log_every, "log_every")
+    _check_threads(num_threads)
+    _check_task_fits(model, task)
     rng = check_seed(seed)
     history = TrainingHistory()
     t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -9,13 +10,89 @@ import numpy as np
 import torch
 
 from embgeom import _json
-from embgeom._validation import check_positive_int
+from embgeom._validation import check_positive, check_positive_int
 
-from ._bounds import compare_with_bounds
+from ._bounds import _check_precision, compare_with_bounds
 from ._evaluate import detect_cliff, evaluate_copy
 from ._model import make_copy_model, train_copy_model
-from ._task import TASK_FILE, CopyTask, _seeds, _torch_threads
+from ._task import TASK_FILE, CopyTask, _check_threads, _seeds, _torch_threads
 from .plots import plot_copy_accuracy
+
+
+#: the evaluation's batch (:func:`evaluate_copy`'s default, capped by ``n_eval``)
+_EVAL_BATCH = 256
+
+
+def _check_out_dir(out_dir) -> Path:
+    """``out_dir`` as a Path: a non-empty path that is a folder or does not exist yet."""
+    if isinstance(out_dir, bool) or not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"out_dir: expected a folder path, got {type(out_dir).__name__}")
+    if not str(os.fspath(out_dir)).strip():
+        raise ValueError("out_dir: expected a folder path, got an empty path (it would write "
+                         "into the current folder)")
+    out = Path(out_dir).expanduser()
+    for parent in (out, *out.parents):
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"out_dir: {str(parent)!r} exists and is not a folder")
+    return out
+
+
+def _memory_estimate(task: CopyTask, *, max_length: int, batch_size: int, hidden_size: int,
+                     num_layers: int, n_eval: int) -> dict:
+    """Bytes a training step and the longest evaluation need, roughly (float32).
+
+    Training: a batch of ``batch_size`` sequences of ``2 l_train + 1`` tokens keeps, per token,
+    about ``24 d`` activations per layer for the backward pass plus the logits and their
+    gradient (``4 V``). Evaluation: prompts of ``L + 1`` tokens and ``L`` decoded ones, batches
+    of ``min(256, n_eval)``: the KV cache (``2 d`` per layer and token) and the prefill's
+    activations and logits. Attention itself runs in torch's fused kernels (memory linear in
+    the length), so these are lower estimates: a run they refuse cannot fit.
+    """
+    d, V, layers = hidden_size, task.vocab_size, num_layers
+    t_train = 2 * task.l_train + 1
+    train = 4 * batch_size * t_train * (layers * 24 * d + 4 * V)
+    b_eval = min(_EVAL_BATCH, n_eval)
+    t_eval = 2 * max_length + 1
+    evaluate = 4 * b_eval * t_eval * (layers * 2 * d + 8 * d + V)
+    return {"train": int(train), "evaluate": int(evaluate)}
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (``MemAvailable`` of ``/proc/meminfo``), else the machine's
+    physical memory, else None (unknown: nothing is refused)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_memory(task: CopyTask, **sizes) -> None:
+    """Refuse sizes whose training step or evaluation cannot fit in memory, before any work
+    (``--l-train 100000`` allocated 22 GB until the OOM killer ended it, with no message)."""
+    need = _memory_estimate(task, **sizes)
+    have = _available_memory()
+    if have is None:
+        return
+    gib = 2**30
+    if need["train"] > have:
+        raise ValueError(
+            f"l_train: a training step at l_train={task.l_train} (sequences of "
+            f"{2 * task.l_train + 1} tokens, batch_size={sizes['batch_size']}, hidden_size="
+            f"{sizes['hidden_size']}, num_layers={sizes['num_layers']}) needs at least "
+            f"{need['train'] / gib:.1f} GiB, more than the {have / gib:.1f} GiB available; "
+            "lower l_train (or batch_size)")
+    if need["evaluate"] > have:
+        raise ValueError(
+            f"max_length: evaluating copies up to length {sizes['max_length']} (default "
+            f"3 l_train) needs at least {need['evaluate'] / gib:.1f} GiB, more than the "
+            f"{have / gib:.1f} GiB available; lower max_length or l_train")
 
 
 def run_copy(
@@ -74,15 +151,37 @@ def run_copy(
     Raises
     ------
     ValueError, TypeError
-        Bad sizes (``l_train < 1``, ``alphabet < 2``, ...).
+        Every argument is checked before any work, and nothing is created on a refused call:
+        bad sizes (``l_train < 1``, ``alphabet < 2``, ``n_eval < 1``, ``hidden_size`` not
+        divisible by ``num_heads``, ...), ``num_threads`` neither None nor >= 1, an unknown
+        ``precision``, an ``out_dir`` that is empty or exists and is not a folder, and sizes
+        whose training step or evaluation would need more memory than the machine has
+        (:func:`_memory_estimate`; the message names ``l_train`` or ``max_length``).
     """
     t0 = time.perf_counter()
+    out = _check_out_dir(out_dir)
     task = CopyTask(alphabet=alphabet, l_train=l_train)
     if max_length is None:
         max_length = 3 * task.l_train
     max_length = check_positive_int(max_length, "max_length")
     seed_init, seed_data, seed_eval = _seeds(seed)
-    out = Path(out_dir)
+    steps = check_positive_int(steps, "steps")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    check_positive(lr, "lr")
+    hidden_size = check_positive_int(hidden_size, "hidden_size")
+    num_layers = check_positive_int(num_layers, "num_layers")
+    num_heads = check_positive_int(num_heads, "num_heads")
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size: must be divisible by num_heads={num_heads}, got "
+                         f"{hidden_size}")
+    n_eval = check_positive_int(n_eval, "n_eval")
+    num_threads = _check_threads(num_threads)
+    for flag, name in ((compare_bounds, "compare_bounds"), (progress, "progress")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {flag!r}")
+    _check_precision(precision)
+    _check_memory(task, max_length=max_length, batch_size=batch_size, hidden_size=hidden_size,
+                  num_layers=num_layers, n_eval=n_eval)
     out.mkdir(parents=True, exist_ok=True)
 
     with _torch_threads(num_threads):

@@ -123,14 +123,27 @@ def _seeds(seed) -> tuple[int, int, int]:
     return tuple(int(c) for c in children)
 
 
+def _check_threads(n, name: str = "num_threads") -> int | None:
+    """``n`` as None (torch's setting) or an int >= 1 (torch's ``set_num_threads(0)`` raises a
+    RuntimeError that names nothing)."""
+    return None if n is None else check_positive_int(n, name)
+
+
 @contextlib.contextmanager
 def _torch_threads(n: int | None):
-    """Temporarily set torch's intra-op thread count (restored on exit)."""
+    """Temporarily set torch's intra-op thread count (restored on exit).
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``n`` neither None nor an int >= 1, naming ``num_threads``.
+    """
+    n = _check_threads(n)
     if n is None:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(int(n))
+    torch.set_num_threads(n)
     try:
         yield
     finally:
@@ -139,3 +152,19 @@ def _torch_threads(n: int | None):
 
 def _check_lengths(lengths, name="lengths") -> np.ndarray:
     return check_int_array(lengths, name, ndim=1, low=1)
+
+
+def _check_task_fits(model, task: CopyTask, name: str = "task") -> None:
+    """Refuse a task whose vocabulary (``alphabet + 2``: the symbols, ``<sep>``, padding) is not
+    the model's: a larger alphabet fails inside torch's embedding lookup with an IndexError
+    that names nothing, a smaller one would treat one of the model's symbols as ``<sep>``."""
+    from embgeom._hf import input_embeddings, output_embeddings
+
+    rows = {int(input_embeddings(model).weight.shape[0]),
+            int(output_embeddings(model).weight.shape[0])}
+    if rows != {task.vocab_size}:
+        n = "/".join(str(r) for r in sorted(rows))
+        raise ValueError(f"{name}: CopyTask(alphabet={task.alphabet}) has {task.vocab_size} "
+                         f"tokens (the alphabet, <sep> and padding), but the model has {n}: "
+                         f"pass the task the model was trained on (alphabet "
+                         f"{min(rows) - 2}; a checkpoint's {TASK_FILE} records it)")

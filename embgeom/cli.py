@@ -31,6 +31,7 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 __all__ = ["main", "build_parser"]
@@ -99,6 +100,8 @@ def _non_negative_float(text: str) -> float:
 
 
 def _out_dir(text: str) -> Path:
+    if not text.strip():  # Path("") is the current folder: never what an empty value meant
+        raise argparse.ArgumentTypeError("expected a folder path, got an empty string")
     p = Path(text).expanduser()
     if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
@@ -420,6 +423,10 @@ def _cmd_report(args) -> dict:
     _check_output_folder(out, "--out")
     if args.cache_dir is not None:
         _check_output_folder(args.cache_dir, "--cache-dir")
+    elif not args.no_cache and os.environ.get("EMBGEOM_CACHE"):
+        # the default cache folder, named by the environment: the same check as --cache-dir
+        _check_output_folder(Path(os.environ["EMBGEOM_CACHE"]).expanduser() / "hidden_states",
+                             "EMBGEOM_CACHE")
     if args.cram_summary not in ("auto", "none"):
         given = Path(args.cram_summary).expanduser()
         summary = given / "cram_summary.json" if given.is_dir() else given
@@ -702,7 +709,22 @@ def _setup_logging(args) -> None:
         # no progress bars (not a terminal, e.g. under nohup): the report's phases say they
         # started and ended, so a long run shows a sign of life
         logging.getLogger("embgeom.report").setLevel(logging.INFO)
-    logging.captureWarnings(True)  # warnings.warn goes through logging: -q hides them
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` while :func:`main` runs: ``embgeom: warning: <message>`` on one
+    line of stderr (not Python's ``path:line: Category: message`` and the quoted source line,
+    which name embgeom's internals), through the ``py.warnings`` logger, so ``-q`` hides it."""
+    log = logging.getLogger("py.warnings")
+    if not log.isEnabledFor(logging.WARNING):
+        return
+    stream = sys.stderr if file is None else file
+    if stream is None:  # no stderr (pythonw)
+        return
+    try:
+        stream.write(f"embgeom: warning: {_one_line(message)}\n")
+    except (OSError, ValueError):  # a closed stream: the warning is lost, the run goes on
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -735,6 +757,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TQDM_DISABLE", "1")
     _setup_logging(args)
     handlers = {"report": _cmd_report, "cram": _cmd_cram, "copy": _cmd_copy}
+    # installed here only, never at import: a program that imports embgeom keeps its own
+    old_showwarning = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         result = handlers[args.command](args)
     except KeyboardInterrupt:
@@ -753,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
               "traceback and report it", file=sys.stderr)
         return 1
     finally:
-        logging.captureWarnings(False)
+        warnings.showwarning = old_showwarning
     _print_result(args.command, result)
     return 0
 

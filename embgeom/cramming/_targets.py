@@ -78,8 +78,27 @@ def check_targets(targets, vocab: int) -> np.ndarray:
     A 1-D array is one target. Raises TypeError (not integers) or ValueError (empty, wrong
     ndim, ids out of range) naming ``targets``.
     """
+    _refuse_ragged(targets)
     arr = check_int_array(targets, "targets", ndim=(1, 2), low=0, high=vocab)
     return arr[None, :] if arr.ndim == 1 else arr
+
+
+def _refuse_ragged(targets) -> None:
+    """A list of rows of different lengths (``[[1, 2], [3]]``) is one error naming ``targets``,
+    not numpy's "inhomogeneous shape" message from inside the array conversion."""
+    if not isinstance(targets, (list, tuple)) or not targets:
+        return
+    rows = [t for t in targets if hasattr(t, "__len__") and not isinstance(t, (str, bytes))]
+    if not rows:
+        return
+    if len(rows) != len(targets):
+        raise ValueError("targets: expected a (B, n) array of token ids (rows of one length) or "
+                         "one target, got a mix of rows and single ids")
+    lengths = [len(t) for t in rows]
+    if len(set(lengths)) > 1:
+        raise ValueError(f"targets: expected targets of one common length (a (B, n) array), "
+                         f"got rows of lengths {lengths[:8]}{' ...' if len(lengths) > 8 else ''};"
+                         " cut them to a common length, or run each length separately")
 
 
 def _token_pool(hf, tok, source: str) -> np.ndarray:

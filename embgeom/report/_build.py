@@ -133,7 +133,9 @@ def build_report(
     ------
     ValueError
         Unknown model name (the message lists the known ones), non-positive sizes, ``out_dir``
-        pointing at a file, a cram summary of another model.
+        pointing at a file, a ``cache_dir`` that is empty or a file (or, with
+        ``"auto"``, an ``$EMBGEOM_CACHE`` that is a file: the message names
+        ``EMBGEOM_CACHE``), a cram summary of another model; all before the model loads.
     FileNotFoundError
         ``cram_summary`` names a file that does not exist.
     ModuleNotFoundError
@@ -142,6 +144,9 @@ def build_report(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir: {str(out)!r} exists and is not a folder")
+    from ..adapters._sample import _cache_folder
+
+    _cache_folder(cache_dir)  # '' or a file (cache_dir or $EMBGEOM_CACHE): refused before work
     size = _report_sizes(quick, lengths, n_per_length, n_cell_samples, heldout_lengths,
                          n_heldout_per_length, n_calibration_per_length)
     seed = check_positive_int(seed, "seed", minimum=0)

@@ -496,3 +496,12 @@ def test_ragged_targets_name_targets(cram_tiny):
         cramming.horizons(cram_tiny, 1, targets=[[1, 2], [3]])
     with pytest.raises(ValueError, match="^targets: "):
         cramming.horizons(cram_tiny, 1, targets=[[1, 2], 3])
+
+
+def test_build_report_refuses_an_empty_out_dir(tmp_path, monkeypatch):
+    from embgeom.report import build_report
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="out_dir: expected a folder path"):
+        build_report("smollm2-135m", "")
+    assert list(tmp_path.iterdir()) == []

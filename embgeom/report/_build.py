@@ -141,6 +141,9 @@ def build_report(
     ModuleNotFoundError
         The model's offline package is missing (the message gives the pip command).
     """
+    if isinstance(out_dir, str) and not out_dir.strip():
+        raise ValueError("out_dir: expected a folder path, got an empty string (it would be "
+                         "the current folder)")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir: {str(out)!r} exists and is not a folder")

@@ -559,10 +559,10 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
     nbar = sizes.mean(1, keepdims=True)
     e = ((counts - r[:, None] * sizes) / (r[:, None] * nbar)).sum(0)
     se = SE_INFLATION * float(np.std(e, ddof=1) / math.sqrt(B))
-    # No bias correction: with survivors kept and only the copies moved, the product of the
-    # fractions is unbiased for p under exact moves (Brehier et al. 2016), so its log is low by
-    # var / 2; copies that stay correlated with their parents push it up by about as much
-    # (docs/theory.md, section 5.1, measures both).
+    # No bias correction here: with survivors kept, only the copies moved and the level at the
+    # largest killed value, the product of the fractions is unbiased for p (Brehier et al.
+    # 2016), so its log is low by about var / 2 (tests/test_rare_event.py pins both); a mean of
+    # logs removes that first-order bias itself (CellVolumes.cell_volume_rate).
     log_p = float(np.log(r).sum())
     return log_p, se, side, n_levels, cs.M, n_checked, log_check
 

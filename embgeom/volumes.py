@@ -188,7 +188,8 @@ class CellVolumes:
         would not average out: with one 128-chain run per token (se about 0.6 nats on
         SmolLM2) it would raise lambda by about 0.18 nats, the unsafe direction for the refined
         bound. Each rare-event token's log-share and interval are shifted up by ``se^2 / 2``,
-        ``se`` read from its interval at its own level (``self.confidence``), and capped at 0;
+        ``se`` read from its interval at its own level (``self.confidence``) with the quantile
+        that built it (Student t, ``R n_groups - 1`` degrees of freedom), and capped at 0;
         counted and empty tokens are left as they are.
         """
         from scipy import stats
@@ -196,10 +197,20 @@ class CellVolumes:
         x = self.log_fractions[ids].astype(np.float64, copy=True)
         lo = self.log_lower[ids].astype(np.float64, copy=True)
         hi = self.log_upper[ids].astype(np.float64, copy=True)
-        z = float(stats.norm.ppf(0.5 + self.confidence / 2))
         rare = (self.token_method[ids] == "rare-event") & np.isfinite(x) & np.isfinite(lo)
+        # the intervals are Student-t on R * n_groups - 1 degrees of freedom (R runs of
+        # n_groups groups each, _rare_event.log_cone_gaussian_measure); read se back with the
+        # same quantile (a normal z would overstate se by t/z, 1.09 at one run of 16 groups)
+        info = self.extra.get("rare_event") if isinstance(self.extra, dict) else None
+        n_groups = int(info["n_groups"]) if isinstance(info, dict) and "n_groups" in info else 0
+        runs = np.asarray(self.extra.get("rare_event_n_runs", np.ones(self.counts.size)))[ids]
+        if n_groups > 1:
+            df = np.maximum(runs * n_groups - 1, 1)
+            q = stats.t.ppf(0.5 + self.confidence / 2, df)
+        else:
+            q = np.full(x.size, stats.norm.ppf(0.5 + self.confidence / 2))
         shift = np.zeros(x.size)
-        shift[rare] = 0.5 * ((x[rare] - lo[rare]) / z) ** 2
+        shift[rare] = 0.5 * ((x[rare] - lo[rare]) / q[rare]) ** 2
         x = np.minimum(x + shift, 0.0)
         lo = np.minimum(lo + shift, x)
         hi = np.minimum(hi + shift, 0.0)  # nan (unresolved) and -inf (empty) stay as they are

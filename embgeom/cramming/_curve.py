@@ -275,8 +275,11 @@ def _read_jsonl(path, key=None, check=None) -> _Records:
 def _distrust(path, lineno: int, problem: str) -> None:
     import warnings
 
-    warnings.warn(f"{os.fspath(path)}, line {lineno}: {problem}; the record is not trusted "
-                  "and its target is run again", ResumeRecordWarning, stacklevel=5)
+    what = ("it is skipped (no target can be read from it; targets without a trusted "
+            "record are run again)" if problem == "not a JSON line"
+            else "the record is not trusted and its target is run again")
+    warnings.warn(f"{os.fspath(path)}, line {lineno}: {problem}; {what}", ResumeRecordWarning,
+                  stacklevel=5)
 
 
 def _append_lines(path, lines: list[str]) -> None:

@@ -167,7 +167,7 @@ def check_n_boot(n_boot, name: str = "n_boot") -> int:
     if 0 < n < MIN_BOOT:
         raise ValueError(f"{name}: expected 0 (no interval) or at least {MIN_BOOT} bootstrap "
                          f"resamples, got {n} (a percentile interval from so few draws is "
-                         "mostly noise; with 1 its bounds are equal)")
+                         "mostly noise)")
     return n
 
 

@@ -336,8 +336,9 @@ def _no_work(monkeypatch):
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(l_train=100000), r"^l_train: a training step at l_train=100000 .* GiB"),
-    (dict(l_train=4, max_length=10**8), r"^max_length: evaluating copies up to length"),
+    (dict(l_train=100000), r"^l_train, alphabet: a training step at l_train=100000 .* GiB"),
+    (dict(max_length=10**6), r"^max_length: expected at most 16 x l_train"),
+    (dict(l_train=4, max_length=10**8), r"^max_length: expected at most 16 x l_train = 64"),
     (dict(num_threads=0), r"^num_threads"),
     (dict(precision="fp7"), r"^precision: unknown float format 'fp7'"),
     (dict(n_eval=0), r"^n_eval"),

@@ -83,16 +83,21 @@ def _check_memory(task: CopyTask, **sizes) -> None:
     gib = 2**30
     if need["train"] > have:
         raise ValueError(
-            f"l_train: a training step at l_train={task.l_train} (sequences of "
+            f"l_train, alphabet: a training step at l_train={task.l_train} and alphabet="
+            f"{task.alphabet} (sequences of "
             f"{2 * task.l_train + 1} tokens, batch_size={sizes['batch_size']}, hidden_size="
             f"{sizes['hidden_size']}, num_layers={sizes['num_layers']}) needs at least "
             f"{need['train'] / gib:.1f} GiB, more than the {have / gib:.1f} GiB available; "
-            "lower l_train (or batch_size)")
+            "lower l_train or alphabet (or batch_size)")
     if need["evaluate"] > have:
         raise ValueError(
             f"max_length: evaluating copies up to length {sizes['max_length']} (default "
             f"3 l_train) needs at least {need['evaluate'] / gib:.1f} GiB, more than the "
             f"{have / gib:.1f} GiB available; lower max_length or l_train")
+
+
+#: The longest evaluation :func:`run_copy` accepts, in multiples of ``l_train``.
+MAX_LENGTH_FACTOR = 16
 
 
 def run_copy(
@@ -131,7 +136,8 @@ def run_copy(
     n_eval : int, default 200
         Strings per evaluated length.
     max_length : int, optional
-        Largest evaluated length; default ``3 * l_train``.
+        Largest evaluated length; default ``3 * l_train``, at most
+        ``MAX_LENGTH_FACTOR * l_train`` (16).
     seed : int, default 0
         Master seed; initialisation, training data and evaluation data get independent seeds
         derived from it (``numpy.random.SeedSequence``).
@@ -164,6 +170,12 @@ def run_copy(
     if max_length is None:
         max_length = 3 * task.l_train
     max_length = check_positive_int(max_length, "max_length")
+    if max_length > MAX_LENGTH_FACTOR * task.l_train:
+        # every length 1..max_length is evaluated by greedy decoding: the cost grows like
+        # max_length^3, so a typo (10**6) would run for days instead of failing
+        raise ValueError(f"max_length: expected at most {MAX_LENGTH_FACTOR} x l_train = "
+                         f"{MAX_LENGTH_FACTOR * task.l_train}, got {max_length} (every length up "
+                         "to it is evaluated; the cost grows like its cube)")
     seed_init, seed_data, seed_eval = _seeds(seed)
     steps = check_positive_int(steps, "steps")
     batch_size = check_positive_int(batch_size, "batch_size")

@@ -270,6 +270,30 @@ class CellVolumes:
         k = max(1, math.ceil(q * self.counts.size))
         return float(np.sort(self.counts)[::-1][:k].sum() / self.n_samples)
 
+    def top_share_if_equal(self, q: float = 0.01, n_draws: int = 32) -> float:
+        """What :meth:`top_share` would read if every cell had the same share ``1/|V|``.
+
+        The baseline for :meth:`top_share`: with ``n_samples`` uniform samples over ``|V|``
+        cells the largest ``ceil(q |V|)`` counts hold more than ``q`` of the samples by chance
+        alone (with fewer samples than ``q |V|``, all of them). The mean over ``n_draws``
+        multinomial draws, seeded from this result's seed (reproducible).
+
+        Raises
+        ------
+        ValueError
+            ``q`` outside (0, 1]; ``n_draws < 1``.
+        """
+        q = check_probability(q, "q")
+        n_draws = check_positive_int(n_draws, "n_draws")
+        V = self.counts.size
+        k = max(1, math.ceil(q * V))
+        seed = self.seed if isinstance(self.seed, np.random.SeedSequence) else None
+        rng = np.random.default_rng(seed.spawn(1)[0] if seed is not None else 0)
+        tops = [np.partition(c, V - k)[V - k:].sum()
+                for c in (rng.multinomial(self.n_samples, np.full(V, 1.0 / V))
+                          for _ in range(n_draws))]
+        return float(np.mean(tops) / self.n_samples)
+
     def to_dict(self) -> dict:
         """JSON-able summary (no per-token arrays, ``extra``'s left out too; save ``fractions``
         with numpy)."""

@@ -312,3 +312,26 @@ def test_unfitted_support_and_bad_token_ids_are_named():
     box = Box.from_params(-np.ones(3), np.ones(3))
     with pytest.raises(ValueError, match="tokens"):
         cell_volumes(dec, box, 100, tokens=[5], progress=False)
+
+
+def test_top_share_baseline_of_equal_cells():
+    # the baseline of top_share: equal cells read more than q by chance. Fewer samples than the
+    # ceil(q |V|) largest cells: they hold every sample, exactly 1; many samples: close to q.
+    from embgeom.volumes import CellVolumes
+
+    def cv(V, n):
+        c = np.zeros(V, np.int64)
+        c[0] = n
+        return CellVolumes(fractions=c / n, counts=c, n_samples=n, lower=np.zeros(V),
+                           upper=np.ones(V), confidence=0.95, interval="clopper-pearson",
+                           support_log_volume=0.0, sampling="directions",
+                           seed=np.random.SeedSequence(3), seconds=0.0)
+
+    assert cv(1000, 10).top_share_if_equal(0.01) == 1.0
+    assert cv(100, 10**6).top_share_if_equal(0.01) == pytest.approx(0.01, abs=5e-4)
+    # SmolLM2's quick report: 10,000 samples over 49,152 cells read about 0.1, not 0.01
+    b = cv(49152, 10_000).top_share_if_equal(0.01)
+    assert 0.08 < b < 0.12
+    assert b == cv(49152, 10_000).top_share_if_equal(0.01)  # seeded from the result's seed
+    with pytest.raises(ValueError, match="n_draws"):
+        cv(10, 10).top_share_if_equal(0.01, n_draws=0)

@@ -184,9 +184,19 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
         "log_shares_path": "cell_log_shares.npz",
         "top": cv.top(top_k, tokenizer=tokenizer),
         "top1pct_share": cv.top_share(0.01),
+        "top1pct_share_equal_cells": cv.top_share_if_equal(0.01),
         "volumes": cv.to_dict(),
     }
     return (section, cv) if return_volumes else section
+
+
+def _equal_cells(section: dict) -> str:
+    """The top-1% share's baseline: the same count from equal cells (not 0.01: by chance the
+    largest counts of equal cells hold more than their 1%)."""
+    eq = section.get("top1pct_share_equal_cells")
+    if eq is None:
+        return "equal cells would hold 0.01"
+    return f"the same count from equal cells would read {fmt(eq)}, their true share being 0.01"
 
 
 def unargmaxable_sentence(section: dict) -> str:
@@ -233,13 +243,13 @@ def cells_markdown(section: dict, support_name: str) -> str:
                   "unresolved. The largest-cells table and the top-1% share below come from "
                   f"{vol.get('n_samples', 0):,} uniform samples (95% {vol.get('interval', '')} "
                   f"intervals): the largest 1% of cells hold {fmt(section['top1pct_share'])} of "
-                  "the volume (uniform cells would hold 0.01).")
+                  f"the volume ({_equal_cells(section)}).")
     else:
         shares = (f"Shares of the {V:,} decoder cells E_t (argmax of W h + b) in the "
                   f"`{support_name}` support: {section['estimator']}, "
                   f"{vol.get('n_samples', 0):,} samples, 95% {vol.get('interval', '')} intervals. "
                   f"The largest 1% of cells hold {fmt(section['top1pct_share'])} of the volume "
-                  f"(uniform cells would hold 0.01); {section['n_unresolved']:,} cells "
+                  f"({_equal_cells(section)}); {section['n_unresolved']:,} cells "
                   f"({100 * section['unresolved_share']:.1f}%) are unresolved (no sample fell in "
                   "them: only an upper bound on their share is known).")
     lines = ["## Decoder cells", "", shares, "", unargmaxable_sentence(section)]

@@ -809,3 +809,18 @@ def test_rare_event_rate_reads_se_with_the_intervals_t_quantile():
     se0, se1 = 0.5 / t15, 0.5 / float(stats.t.ppf(0.75, 47))  # 3 runs: 3 * 16 - 1 = 47
     assert r.rate_asymptotic == pytest.approx(-(x[0] + se0**2 / 2 + x[1] + se1**2 / 2) / 2,
                                               abs=1e-12)
+
+
+def test_bounds_markdown_writes_c_emp_as_a_lower_bound_unless_converged(tmp_path):
+    from embgeom.report import bounds_report_section
+
+    facts = {"hidden_size": 3, "vocab_size": 6}
+    meas = {"c_emp": 13.0, "c_emp_lower": 11.0, "c_emp_upper": 15.0, "source": "horizons"}
+    md = bounds_report_section(facts, {}, rinf=1.0, c_emp=meas, out_dir=tmp_path)["markdown"]
+    assert "C_emp >= 13 tokens per prompt vector" in md and "not shown to converge" in md
+    md = bounds_report_section(facts, {}, rinf=1.0, c_emp={**meas, "converged": True},
+                                 out_dir=tmp_path)["markdown"]
+    assert "C_emp = 13 tokens per prompt vector" in md
+    md = bounds_report_section(facts, {}, rinf=1.0, published_c_emp=44.54,
+                                 out_dir=tmp_path)["markdown"]
+    assert "C_emp = 44.54 tokens per prompt vector (published" in md

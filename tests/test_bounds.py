@@ -758,25 +758,31 @@ def test_threshold_monotone_and_large():
 
 
 
+def _two_of_four_sampled(x, methods, extra=None):
+    """A rare-event CellVolumes by hand: tokens 0, 1 of 4 estimated, log-shares ``x`` with
+    level-0.5 intervals ``x -+ 0.5`` and the given token methods; tokens 2, 3 not estimated."""
+    from embgeom.volumes import CellVolumes
+
+    nan = np.nan
+    return CellVolumes(fractions=np.zeros(4), counts=np.zeros(4, np.int64), n_samples=100,
+                       lower=np.zeros(4), upper=np.ones(4), confidence=0.5,
+                       interval="clopper-pearson", support_log_volume=0.0,
+                       sampling="directions", seed=np.random.SeedSequence(0), seconds=0.0,
+                       log_fractions=np.array([x[0], x[1], nan, nan]),
+                       log_lower=np.array([x[0] - 0.5, x[1] - 0.5, nan, nan]),
+                       log_upper=np.array([x[0] + 0.5, x[1] + 0.5, nan, nan]),
+                       token_method=np.array([*methods, "not estimated", "not estimated"]),
+                       estimator="rare-event", extra=extra or {})
+
+
 def test_rare_event_rate_removes_the_log_bias_of_each_token():
     # A token sample (2 of 4 tokens estimated, so no renormalisation): the rate's asymptote is
     # -mean(log-share). Splitting is unbiased in the share, so its log is low by se^2 / 2; the
     # rate raises each rare-event log-share by that much. Half-width 0.5 at level 0.5:
     # se = 0.5 / z_0.75, z_0.75 = 0.6744897501960817.
-    from embgeom.volumes import CellVolumes
-
     x = np.log([0.1, 0.05])
     se = 0.5 / 0.6744897501960817
-    cv = CellVolumes(fractions=np.zeros(4), counts=np.zeros(4, np.int64), n_samples=100,
-                     lower=np.zeros(4), upper=np.ones(4), confidence=0.5,
-                     interval="clopper-pearson", support_log_volume=0.0, sampling="directions",
-                     seed=np.random.SeedSequence(0), seconds=0.0,
-                     log_fractions=np.array([x[0], x[1], np.nan, np.nan]),
-                     log_lower=np.array([x[0] - 0.5, x[1] - 0.5, np.nan, np.nan]),
-                     log_upper=np.array([x[0] + 0.5, x[1] + 0.5, np.nan, np.nan]),
-                     token_method=np.array(["rare-event", "uniform", "not estimated",
-                                            "not estimated"]),
-                     estimator="rare-event")
+    cv = _two_of_four_sampled(x, ["rare-event", "uniform"])
     r = cv.cell_volume_rate(4, n_boot=0)
     # token 0 (rare-event) shifted by se^2 / 2 = 0.27480..., token 1 (a count) left as it is
     assert r.rate_asymptotic == pytest.approx(-(x[0] + se**2 / 2 + x[1]) / 2, abs=1e-12)
@@ -788,23 +794,12 @@ def test_rare_event_rate_reads_se_with_the_intervals_t_quantile():
     # shift reads se = half-width / t_15 (0.6912... at level 0.5), not / z_0.75 (0.6745...)
     from scipy import stats
 
-    from embgeom.volumes import CellVolumes
-
     x = np.log([0.1, 0.05])
     t15 = float(stats.t.ppf(0.75, 15))
     assert t15 == pytest.approx(0.6912, abs=1e-4)
-    cv = CellVolumes(fractions=np.zeros(4), counts=np.zeros(4, np.int64), n_samples=100,
-                     lower=np.zeros(4), upper=np.ones(4), confidence=0.5,
-                     interval="clopper-pearson", support_log_volume=0.0, sampling="directions",
-                     seed=np.random.SeedSequence(0), seconds=0.0,
-                     log_fractions=np.array([x[0], x[1], np.nan, np.nan]),
-                     log_lower=np.array([x[0] - 0.5, x[1] - 0.5, np.nan, np.nan]),
-                     log_upper=np.array([x[0] + 0.5, x[1] + 0.5, np.nan, np.nan]),
-                     token_method=np.array(["rare-event", "rare-event", "not estimated",
-                                            "not estimated"]),
-                     estimator="rare-event",
-                     extra={"rare_event": {"n_groups": 16},
-                            "rare_event_n_runs": np.array([1, 3, 0, 0])})
+    cv = _two_of_four_sampled(x, ["rare-event", "rare-event"],
+                              extra={"rare_event": {"n_groups": 16},
+                                     "rare_event_n_runs": np.array([1, 3, 0, 0])})
     r = cv.cell_volume_rate(4, n_boot=0)
     se0, se1 = 0.5 / t15, 0.5 / float(stats.t.ppf(0.75, 47))  # 3 runs: 3 * 16 - 1 = 47
     assert r.rate_asymptotic == pytest.approx(-(x[0] + se0**2 / 2 + x[1] + se1**2 / 2) / 2,

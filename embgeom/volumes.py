@@ -281,18 +281,25 @@ class CellVolumes:
         Raises
         ------
         ValueError
-            ``q`` outside (0, 1]; ``n_draws < 1``.
+            ``q`` outside (0, 1]; ``n_draws`` outside [1, 10000].
         """
         q = check_probability(q, "q")
         n_draws = check_positive_int(n_draws, "n_draws")
+        if n_draws > 10_000:
+            raise ValueError(f"n_draws: expected at most 10000 (the mean's error is already "
+                             f"far below the statistic's own), got {n_draws}")
         V = self.counts.size
         k = max(1, math.ceil(q * V))
+        if k >= self.n_samples:  # at most n_samples cells are hit: the top k hold them all
+            return 1.0
         seed = self.seed if isinstance(self.seed, np.random.SeedSequence) else None
         rng = np.random.default_rng(seed.spawn(1)[0] if seed is not None else 0)
-        tops = [np.partition(c, V - k)[V - k:].sum()
-                for c in (rng.multinomial(self.n_samples, np.full(V, 1.0 / V))
-                          for _ in range(n_draws))]
-        return float(np.mean(tops) / self.n_samples)
+        p = np.full(V, 1.0 / V)
+        total = 0
+        for _ in range(n_draws):
+            c = rng.multinomial(self.n_samples, p)
+            total += int(np.partition(c, V - k)[V - k:].sum())
+        return total / (n_draws * self.n_samples)
 
     def to_dict(self) -> dict:
         """JSON-able summary (no per-token arrays, ``extra``'s left out too; save ``fractions``

@@ -819,3 +819,12 @@ def test_bounds_markdown_writes_c_emp_as_a_lower_bound_unless_converged(tmp_path
     md = bounds_report_section(facts, {}, rinf=1.0, published_c_emp=44.54,
                                  out_dir=tmp_path)["markdown"]
     assert "C_emp = 44.54 tokens per prompt vector (published" in md
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, float("inf"), True, "x"])
+def test_bounds_section_refuses_a_bad_c_emp(tmp_path, bad):
+    from embgeom.report import bounds_report_section
+
+    with pytest.raises((TypeError, ValueError), match=r"c_emp\['c_emp'\]"):
+        bounds_report_section({"hidden_size": 3, "vocab_size": 6}, {}, rinf=1.0,
+                              c_emp={"c_emp": bad}, out_dir=tmp_path)

@@ -335,3 +335,16 @@ def test_top_share_baseline_of_equal_cells():
     assert b == cv(49152, 10_000).top_share_if_equal(0.01)  # seeded from the result's seed
     with pytest.raises(ValueError, match="n_draws"):
         cv(10, 10).top_share_if_equal(0.01, n_draws=0)
+
+
+def test_top_share_baseline_refuses_absurd_draws():
+    from embgeom.volumes import CellVolumes
+
+    c = np.zeros(50, np.int64)
+    c[0] = 20
+    cv = CellVolumes(fractions=c / 20, counts=c, n_samples=20, lower=np.zeros(50),
+                     upper=np.ones(50), confidence=0.95, interval="clopper-pearson",
+                     support_log_volume=0.0, sampling="directions",
+                     seed=np.random.SeedSequence(3), seconds=0.0)
+    with pytest.raises(ValueError, match="n_draws: expected at most 10000"):
+        cv.top_share_if_equal(0.1, n_draws=10**9)

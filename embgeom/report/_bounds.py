@@ -253,7 +253,9 @@ def _lambda_usable(lam, unresolved_share) -> tuple[bool, str]:
 
 def _c_emp(c_emp, published) -> dict:
     if c_emp and c_emp.get("c_emp") is not None:
-        return dict(c_emp)
+        out = dict(c_emp)
+        out["c_emp"] = check_positive(c_emp["c_emp"], "c_emp['c_emp']")  # finite > 0, not bool
+        return out
     if published is not None:
         return {"c_emp": check_positive(published, "published_c_emp"), "source": "published (paper)"}
     return {"c_emp": None}

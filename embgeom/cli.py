@@ -181,7 +181,7 @@ def build_parser(*, executor_flags: bool = True) -> argparse.ArgumentParser:
     if executor_flags:
         from .parallel import add_executor_arguments
     else:
-        def add_executor_arguments(parser):
+        def add_executor_arguments(parser, **kw):
             return None
 
     parser = _Parser(
@@ -311,7 +311,7 @@ def _add_cram_command(command, add_executor_arguments) -> None:
                       help="random-tokens (default; the theorem's count), wordlist (the paper's "
                       "random text: random words of a 100k-word English list), words (random "
                       "whole-word tokens)")
-    add_executor_arguments(cram)
+    add_executor_arguments(cram, n_jobs=1)
 
 
 def _add_copy_command(command) -> None:
@@ -385,7 +385,7 @@ def _progress(args) -> bool:
 
 
 def _executor(args, device=None):
-    """The executor of the --executor flags, or None for the default local run."""
+    """The executor of the --executor/--n-jobs flags, or None for a serial local run."""
     from .parallel import executor_from_args
 
     try:
@@ -393,7 +393,7 @@ def _executor(args, device=None):
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.executor == "local":
-        return None
+        return None if ex.n_workers == 1 else ex
     try:  # connect now, before the model loads: a wrong address fails in seconds, not minutes
         ex.start()
     except Exception as exc:  # Ray's ConnectionError and friends: the address is the user's
@@ -402,12 +402,17 @@ def _executor(args, device=None):
 
 
 def _pass_executor(func, kwargs: dict, executor) -> None:
-    """Add ``executor=`` to ``kwargs`` when ``func`` takes it; refuse --executor ray otherwise."""
+    """Add ``executor=`` to ``kwargs`` when ``func`` takes it; refuse --executor ray otherwise
+    (a local pool is then left out: the function runs in this process)."""
     if executor is None:
         return
     import inspect
 
+    from .parallel import LocalExecutor
+
     if "executor" not in inspect.signature(func).parameters:
+        if isinstance(executor, LocalExecutor):
+            return
         raise UsageError(f"--executor ray: {func.__module__}.{func.__name__} does not run on an "
                          "executor yet; use --executor local")
     kwargs["executor"] = executor

@@ -53,6 +53,7 @@ __all__ = [
     "LocalExecutor",
     "RayExecutor",
     "get_executor",
+    "effective_n_jobs",
     "map_keyed",
     "executor_scope",
     "task_seed",
@@ -294,8 +295,121 @@ class Executor(abc.ABC):
         """
 
 
+def effective_n_jobs(n_jobs=None) -> int:
+    """The number of worker processes ``n_jobs`` asks for, scikit-learn's convention.
+
+    Parameters
+    ----------
+    n_jobs : int or None
+        ``None`` or 1: one (the tasks run in this process). ``k > 1``: ``k`` processes.
+        Negative: ``n_cpus + 1 + n_jobs`` (``-1`` every CPU this process may use, ``-2`` all
+        but one), at least 1.
+
+    Returns
+    -------
+    int
+        >= 1.
+
+    Raises
+    ------
+    TypeError
+        ``n_jobs`` not an int (a bool is refused).
+    ValueError
+        ``n_jobs == 0``.
+
+    Examples
+    --------
+    >>> effective_n_jobs(None), effective_n_jobs(3)
+    (1, 3)
+    """
+    if n_jobs is None:
+        return 1
+    if not isinstance(n_jobs, (numbers.Integral, np.integer)) or isinstance(n_jobs, bool):
+        raise TypeError(f"n_jobs: expected an int or None, got {type(n_jobs).__name__}")
+    n_jobs = int(n_jobs)
+    if n_jobs == 0:
+        raise ValueError("n_jobs: expected a non-zero int (-1 for every CPU), got 0")
+    if n_jobs > 0:
+        return n_jobs
+    return max(1, _n_cpus() + 1 + n_jobs)
+
+
+def _n_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+#: The task function, shared values and their names of the map a pool worker serves; set once
+#: per worker by :func:`_init_worker`, so a large ``W`` crosses to each worker once, not per task.
+_WORKER: dict = {}
+
+
+def _init_worker(fn, names, values, threads: int) -> None:
+    """Initialiser of a :class:`LocalExecutor` pool worker: keep the map's function and shared
+    values, and limit the worker's BLAS/OpenMP threads (so ``n_jobs`` workers do not fight over
+    the cores: ``threads = n_cpus // n_workers``)."""
+    import os
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[var] = str(threads)  # libraries loaded later (torch) read these
+    try:
+        from threadpoolctl import threadpool_limits
+
+        _WORKER["limits"] = threadpool_limits(limits=threads)  # libraries loaded already
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        pass
+    _WORKER.update(fn=fn, names=names, values=values)
+
+
+def _pool_context(fn):
+    """The multiprocessing context of the pools: ``forkserver`` where the OS has it (its server
+    imports numpy, scipy and this package once, so each worker starts as a fork of a clean
+    process with them loaded), else ``spawn``."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():  # pragma: no cover - Windows, macOS
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # read when the server starts (the first pool of this process); later calls change nothing
+    ctx.set_forkserver_preload(["numpy", "scipy.linalg", "embgeom.volumes", "embgeom.cells",
+                                str(getattr(fn, "__module__", "embgeom"))])
+    return ctx
+
+
+def _worker_task(args, seed, kwargs):
+    """One task in a pool worker, with the function and shared values of :func:`_init_worker`."""
+    return _run_task(_WORKER["fn"], args, seed, kwargs, _WORKER["names"], *_WORKER["values"])
+
+
 class LocalExecutor(Executor):
-    """Run the tasks one after the other in this process (the default back end).
+    """Run the tasks on this machine: one after the other, or on a pool of ``n_jobs`` processes.
+
+    With ``n_jobs`` > 1 (``-1``: every CPU) a map of two or more tasks runs on a
+    ``concurrent.futures.ProcessPoolExecutor`` of ``min(n_jobs, n_tasks)`` worker processes
+    (started by ``forkserver`` where the OS has it, else ``spawn``: never a fork of a process
+    that holds torch's or BLAS's threads). The function and the ``shared`` values are sent to
+    each worker once, when it starts; each task then sends only its arguments and seed. Every
+    task's seed comes from its key (:func:`task_seed`) and the results are returned in task
+    order, so a pool gives the same results as the serial run, bit for bit, whatever the
+    number of workers (pinned in ``tests/test_parallel.py``). Each worker's BLAS and OpenMP
+    use ``n_cpus // n_workers`` threads. The pool lives for one :meth:`map_keyed` (starting it
+    costs about a second per worker, the imports of the task's module); a map of one task runs
+    in this process.
+
+    Parameters
+    ----------
+    n_jobs : int or None, default None
+        Worker processes (:func:`effective_n_jobs`: ``None`` or 1 serial, ``-1`` every CPU).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad ``n_jobs`` (not an int, or 0).
 
     Examples
     --------
@@ -307,8 +421,12 @@ class LocalExecutor(Executor):
 
     name = "local"
 
+    def __init__(self, n_jobs: int | None = None):
+        self.n_jobs = n_jobs
+        self.n_workers = effective_n_jobs(n_jobs)
+
     def __repr__(self) -> str:
-        return "LocalExecutor()"
+        return "LocalExecutor()" if self.n_jobs is None else f"LocalExecutor(n_jobs={self.n_jobs})"
 
     def map_keyed(self, fn, tasks, *, shared=None, kwargs=None, seed=None, on_result=None,
                   progress: bool = True, desc: str | None = None, num_cpus=None, num_gpus=None) -> dict:
@@ -317,14 +435,40 @@ class LocalExecutor(Executor):
         shared, kwargs, seeds = _check_map_arguments(fn, tasks, shared, kwargs, seed)
         names, values = tuple(shared), tuple(shared.values())
         sink = _InOrder(tasks, on_result)
+        workers = min(self.n_workers, len(tasks))
         with tqdm(total=len(tasks), desc=desc or getattr(fn, "__name__", "tasks"), unit="task",
                   disable=not progress) as bar:
-            for key, args in tasks.items():
-                sink.add(key, _run_task(fn, args, seeds[key], kwargs, names, *values))
-                bar.update(1)
+            if workers <= 1:
+                for key, args in tasks.items():
+                    sink.add(key, _run_task(fn, args, seeds[key], kwargs, names, *values))
+                    bar.update(1)
+            else:
+                self._map_pool(fn, tasks, names, values, kwargs, seeds, sink, bar, workers)
         return sink.ordered()
 
     map_keyed.__doc__ = Executor.map_keyed.__doc__
+
+    @staticmethod
+    def _map_pool(fn, tasks, names, values, kwargs, seeds, sink, bar, workers: int) -> None:
+        """The tasks on a process pool of ``workers``; results to ``sink`` in task order."""
+        import multiprocessing as mp
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        ctx = _pool_context(fn)
+        threads = max(1, _n_cpus() // workers)
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                                   initargs=(fn, names, values, threads))
+        try:
+            pending = {pool.submit(_worker_task, args, seeds[key], kwargs): key
+                       for key, args in tasks.items()}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    key = pending.pop(fut)
+                    sink.add(key, fut.result())  # a task's exception propagates here
+                    bar.update(1)
+        finally:  # an error or an interrupt: drop the tasks not started, stop the workers
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RayExecutor(Executor):
@@ -499,7 +643,8 @@ class RayExecutor(Executor):
 
 
 def get_executor(executor="local", *, ray_address: str | None = None, num_cpus: float = 1,
-                 num_gpus: float = 0, max_retries: int = 3, **ray_kwargs) -> Executor:
+                 num_gpus: float = 0, max_retries: int = 3, n_jobs: int | None = None,
+                 **ray_kwargs) -> Executor:
     """The executor named by ``executor`` (the ``--executor`` / ``--ray-address`` CLI flags).
 
     Parameters
@@ -512,6 +657,9 @@ def get_executor(executor="local", *, ray_address: str | None = None, num_cpus: 
     num_cpus, num_gpus, max_retries, **ray_kwargs
         Passed to :class:`RayExecutor` (``runtime_env``, ``init_kwargs``); only with
         ``executor="ray"``.
+    n_jobs : int, optional
+        Worker processes of :class:`LocalExecutor` (``-1``: every CPU); only with
+        ``executor="local"``. Default: the tasks run one after the other in this process.
 
     Returns
     -------
@@ -520,7 +668,8 @@ def get_executor(executor="local", *, ray_address: str | None = None, num_cpus: 
     Raises
     ------
     ValueError
-        Unknown name; Ray options with ``executor="local"`` or with an instance.
+        Unknown name; Ray options with ``executor="local"`` or with an instance; ``n_jobs``
+        with ``executor="ray"`` or with an instance; ``n_jobs == 0``.
     TypeError
         ``executor`` neither a str nor an Executor.
 
@@ -533,8 +682,9 @@ def get_executor(executor="local", *, ray_address: str | None = None, num_cpus: 
     """
     custom = ray_address is not None or num_cpus != 1 or num_gpus != 0 or max_retries != 3 or ray_kwargs
     if isinstance(executor, Executor):
-        if custom:
-            raise ValueError("ray_address, num_cpus, num_gpus, max_retries: set them on the Executor instance")
+        if custom or n_jobs is not None:
+            raise ValueError("ray_address, num_cpus, num_gpus, max_retries, n_jobs: set them on the "
+                             "Executor instance")
         return executor
     if not isinstance(executor, str):
         raise TypeError(f"executor: expected 'local', 'ray' or an Executor, got {type(executor).__name__}")
@@ -544,20 +694,25 @@ def get_executor(executor="local", *, ray_address: str | None = None, num_cpus: 
                 "ray_address, num_cpus, num_gpus, max_retries: only with executor='ray' "
                 f"(got executor='local', ray_address={ray_address!r})"
             )
-        return LocalExecutor()
+        return LocalExecutor(n_jobs)
     if executor == "ray":
+        if n_jobs is not None:
+            raise ValueError("n_jobs: only with executor='local' (Ray sizes its tasks with num_cpus)")
         return RayExecutor(ray_address, num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries, **ray_kwargs)
     raise ValueError(f"executor: expected one of {_EXECUTOR_NAMES} or an Executor, got {executor!r}")
 
 
 @contextmanager
-def executor_scope(executor="local"):
+def executor_scope(executor="local", n_jobs: int | None = None):
     """``with executor_scope(executor) as ex``: the executor of :func:`get_executor`, closed at
     the end only when it was made here from a name (an instance passed in stays open).
 
     Parameters
     ----------
     executor : {"local", "ray"} or Executor, default "local"
+    n_jobs : int, optional
+        Worker processes of the local executor (:class:`LocalExecutor`); only with
+        ``executor="local"``.
 
     Yields
     ------
@@ -568,7 +723,7 @@ def executor_scope(executor="local"):
     TypeError, ValueError
         As :func:`get_executor`.
     """
-    ex = get_executor(executor)
+    ex = get_executor(executor, n_jobs=n_jobs)
     try:
         yield ex
     finally:
@@ -601,13 +756,20 @@ def map_keyed(fn, tasks, *, executor="local", **kw) -> dict:
 # --------------------------------------------------------------------------------------------
 # command-line flags
 # --------------------------------------------------------------------------------------------
-def add_executor_arguments(parser) -> None:
-    """Add ``--executor {local,ray}``, ``--ray-address``, ``--ray-num-cpus`` and
+def add_executor_arguments(parser, *, n_jobs: int = -1) -> None:
+    """Add ``--executor {local,ray}``, ``--n-jobs``, ``--ray-address``, ``--ray-num-cpus`` and
     ``--ray-num-gpus`` to an ``argparse`` parser (read them back with :func:`executor_from_args`).
+
+    ``n_jobs`` is the default of ``--n-jobs`` (-1: every CPU; 1 for commands whose tasks hold a
+    model each, such as cramming, where a pool would load it once per worker).
     """
     group = parser.add_argument_group("execution")
     group.add_argument("--executor", choices=_EXECUTOR_NAMES, default="local",
                        help="run the loops over tokens/samples/targets here (local) or on a Ray cluster")
+    group.add_argument("--n-jobs", type=int, default=n_jobs,
+                       help="local worker processes for the loops over tokens, samples or targets "
+                            f"(-1: every CPU; 1: one after the other in this process; default "
+                            f"{n_jobs}); the results are the same for every value")
     group.add_argument("--ray-address", default=None,
                        help="Ray cluster address (e.g. auto, HOST:6379, ray://HOST:10001); default "
                             "RAY_ADDRESS, else a new local cluster")
@@ -633,7 +795,7 @@ def executor_from_args(args, *, device: str | None = None) -> Executor:
     Raises
     ------
     ValueError
-        ``--ray-address`` or resource flags given with ``--executor local``.
+        ``--ray-address`` or resource flags given with ``--executor local``; ``--n-jobs 0``.
     """
     gpus = args.ray_num_gpus
     if gpus is None:
@@ -641,6 +803,9 @@ def executor_from_args(args, *, device: str | None = None) -> Executor:
     if args.executor == "local":
         if args.ray_address is not None or args.ray_num_cpus != 1.0 or gpus != 0.0:
             raise ValueError("--ray-address, --ray-num-cpus, --ray-num-gpus: only with --executor ray")
-        return LocalExecutor()
+        n_jobs = getattr(args, "n_jobs", None)
+        if n_jobs == 0:
+            raise ValueError("--n-jobs: expected a non-zero int (-1 for every CPU), got 0")
+        return LocalExecutor(n_jobs)
     return RayExecutor(args.ray_address, num_cpus=args.ray_num_cpus, num_gpus=gpus)
 

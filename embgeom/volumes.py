@@ -503,6 +503,7 @@ def cell_volumes(
     target_se: float | None = 0.12,
     rare_event_options: dict | None = None,
     executor="local",
+    n_jobs: int | None = None,
 ) -> CellVolumes:
     """Monte Carlo volume fraction of every decoder cell inside a support.
 
@@ -579,6 +580,11 @@ def cell_volumes(
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
         Where the tasks run (:mod:`embgeom.parallel`); the decoder and the support are shipped
         once (``ray.put``). A name starts and afterwards closes its executor.
+    n_jobs : int, optional
+        Worker processes of the local executor (scikit-learn's convention: ``None`` or 1 one
+        after the other in this process, ``-1`` every CPU); only with ``executor="local"``
+        (:class:`embgeom.parallel.LocalExecutor`). The results are the same for every value:
+        each block and each token draws from its own seed.
 
     Returns
     -------
@@ -592,7 +598,8 @@ def cell_volumes(
         bad seed or counts
         types.
     ValueError
-        ``n_samples <= 0`` or ``n_chains <= 0``, ``target_se`` not a positive number, support of another dimension, the support's
+        ``n_samples <= 0`` or ``n_chains <= 0``, ``target_se`` not a positive number, ``n_jobs``
+        0 or given with an Executor instance or Ray, support of another dimension, the support's
         samples of the wrong shape or not finite, an unknown ``method``, ``method="rare-event"``
         with a bias or a support whose cells are not cones through its centre, bad ``tokens``.
     """
@@ -644,7 +651,7 @@ def cell_volumes(
     tasks = {k: (tuple(blocks[j : j + per_task]),) for k, j in enumerate(range(0, len(blocks), per_task))}
     estimator = "uniform" if method == "uniform" or why_not else "rare-event"
     logs = {}
-    with executor_scope(executor) as ex:  # one scope (one Ray start) for both passes
+    with executor_scope(executor, n_jobs) as ex:  # one scope (one Ray start) for both passes
         out = ex.map_keyed(_count_blocks, tasks, shared={"decoder": decoder, "support": support},
                            kwargs={"directions": directions, "G32": G32, "root": root},
                            progress=progress, desc="cell volumes")
@@ -695,8 +702,22 @@ def cell_volumes(
     )
 
 
-#: Tokens per rare-event task (each token has its own seed, so the chunking changes no result).
+#: Most tokens per rare-event task (each token has its own seed, so the chunking changes no result).
 RARE_EVENT_CHUNK = 64
+
+
+def _ex_workers(executor) -> int:
+    """Worker processes of a local executor (1 for a name, Ray or a serial one)."""
+    return int(getattr(executor, "n_workers", 1)) if not isinstance(executor, str) else 1
+
+
+def _rare_event_chunk_size(n_ids: int, workers: int) -> int:
+    """Tokens per rare-event task: :data:`RARE_EVENT_CHUNK`, or fewer so that a pool of
+    ``workers`` gets about four tasks each (token costs vary tenfold: small tasks balance the
+    load). Changes no result."""
+    if workers <= 1:
+        return RARE_EVENT_CHUNK
+    return max(1, min(RARE_EVENT_CHUNK, math.ceil(n_ids / (4 * workers))))
 
 
 def _rare_event_chunk(ids, *, cones, root, settings, kw):
@@ -775,8 +796,9 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
     settings = _check_settings(seed=seed, **{k: opt[k] for k in checked})
     kw = {"move": opt["move"], "working_set": opt["working_set"], "full_check": bool(opt["full_check"])}
     cones = prepare_cones(decoder.W_, G)  # once: validation, scaling, range of G, W G, row norms
-    tasks = {k: (tuple(int(t) for t in ids[j:j + RARE_EVENT_CHUNK]),)
-             for k, j in enumerate(range(0, ids.size, RARE_EVENT_CHUNK))}
+    chunk = _rare_event_chunk_size(ids.size, _ex_workers(executor))
+    tasks = {k: (tuple(int(t) for t in ids[j:j + chunk]),)
+             for k, j in enumerate(range(0, ids.size, chunk))}
     with executor_scope(executor) as ex:
         out = ex.map_keyed(_rare_event_chunk, tasks, shared={"cones": ex.put(cones)},
                            kwargs={"root": seed, "settings": settings, "kw": kw},

@@ -190,6 +190,104 @@ def test_report_and_cram_take_the_executor_flags(command, tmp_path, capsys, monk
 
 
 # --------------------------------------------------------------------------------------------
+# the local process pool (n_jobs)
+# --------------------------------------------------------------------------------------------
+def _fails_at(i, *, bad):
+    if i == bad:
+        raise ValueError(f"task {i} failed on purpose")
+    return i
+
+
+def _blas_threads(i):
+    """The BLAS thread limit inside the worker, and its pid."""
+    from threadpoolctl import threadpool_info
+
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"], os.getpid()
+
+
+def test_local_pool_gives_the_serial_results_in_task_order():
+    tasks = {k: (40 + k,) for k in range(5)}
+    serial = LocalExecutor().map_keyed(_draws, tasks, kwargs={"scale": 3.0}, seed=2026, progress=False)
+    order = []
+    # task 0 sleeps: on two workers it finishes after the others, and is still released first
+    pooled = LocalExecutor(n_jobs=2).map_keyed(
+        _draws, tasks, kwargs={"scale": 3.0}, seed=2026, progress=False,
+        on_result=lambda k, v: order.append(k))
+    assert list(pooled) == order == list(tasks)
+    assert _same([v[0] for v in pooled.values()], [v[0] for v in serial.values()])
+    pids = {pid for _, pid in pooled.values()}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2  # ran in (at most two) workers
+    assert {pid for _, pid in serial.values()} == {os.getpid()}
+    # a single task runs here: no pool to start
+    one = LocalExecutor(n_jobs=2).map_keyed(_draws, {0: (3,)}, kwargs={"scale": 1.0}, seed=1, progress=False)
+    assert one[0][1] == os.getpid()
+
+
+def test_local_pool_propagates_a_task_error_and_limits_worker_threads():
+    with pytest.raises(ValueError, match="task 2 failed on purpose"):
+        LocalExecutor(n_jobs=2).map_keyed(_fails_at, {i: (i,) for i in range(4)}, kwargs={"bad": 2},
+                                          progress=False)
+    from embgeom.parallel import _n_cpus
+
+    out = LocalExecutor(n_jobs=2).map_keyed(_blas_threads, {i: (i,) for i in range(2)}, progress=False)
+    for threads, _ in out.values():
+        assert threads and all(t == max(1, _n_cpus() // 2) for t in threads)
+
+
+def test_n_jobs_is_checked_and_follows_scikit_learn():
+    from embgeom.parallel import _n_cpus, effective_n_jobs, executor_scope
+
+    assert effective_n_jobs(None) == effective_n_jobs(1) == 1
+    assert effective_n_jobs(-1) == _n_cpus() and effective_n_jobs(-(_n_cpus() + 5)) == 1
+    assert effective_n_jobs(np.int64(3)) == 3
+    with pytest.raises(ValueError, match="n_jobs"):
+        LocalExecutor(n_jobs=0)
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(TypeError, match="n_jobs"):
+            LocalExecutor(n_jobs=bad)
+    with pytest.raises(ValueError, match="n_jobs: only with executor='local'"):
+        get_executor("ray", n_jobs=2)
+    with pytest.raises(ValueError, match="n_jobs"):
+        get_executor(LocalExecutor(), n_jobs=2)
+    with executor_scope("local", n_jobs=2) as ex:
+        assert isinstance(ex, LocalExecutor) and ex.n_workers == 2
+    with pytest.raises(ValueError, match="n_jobs"):
+        cell_volumes(Decoder(np.eye(3, dtype=np.float32)), Ball.from_params(None, 1.0, dim=3), 10, 0,
+                     n_jobs=0, progress=False)
+    import argparse
+
+    from embgeom.parallel import add_executor_arguments, executor_from_args
+
+    parser = argparse.ArgumentParser()
+    add_executor_arguments(parser)
+    assert executor_from_args(parser.parse_args([])).n_workers == _n_cpus()  # default -1
+    assert executor_from_args(parser.parse_args(["--n-jobs", "2"])).n_workers == 2
+    with pytest.raises(ValueError, match="--n-jobs"):
+        executor_from_args(parser.parse_args(["--n-jobs", "0"]))
+
+
+def test_cell_volumes_and_the_scan_on_a_pool_equal_the_serial_run():
+    from embgeom import volumes
+
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((30, 4)).astype(np.float32)
+    dec, ball = Decoder(W), Ball.from_params(None, 1.0, dim=4)
+    ids = np.array([0, 3, 7, 12, 29])
+    kw = dict(seed=4, tokens=ids, n_chains=32, progress=False, method="rare-event", target_se=None)
+    serial = cell_volumes(dec, ball, 3 * 8192, batch_size=8192, **kw)
+    pooled = cell_volumes(dec, ball, 3 * 8192, batch_size=8192, n_jobs=2, **kw)
+    assert volumes._rare_event_chunk_size(ids.size, 2) == 1  # five tasks of one token
+    np.testing.assert_array_equal(pooled.counts, serial.counts)
+    for f in ("log_fractions", "log_lower", "log_upper", "token_method"):
+        np.testing.assert_array_equal(getattr(pooled, f), getattr(serial, f), err_msg=f)
+    assert np.isfinite(serial.log_fractions[ids]).all()
+    dec2 = Decoder(_small_W())
+    whole = dec2.unargmaxable(progress=False)
+    got = dec2.unargmaxable(chunk_size=64, batch_size=32, executor=LocalExecutor(n_jobs=2), progress=False)
+    assert np.array_equal(got.status, whole.status) and np.array_equal(got.tokens, whole.tokens)
+
+
+# --------------------------------------------------------------------------------------------
 # on a local Ray cluster
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")

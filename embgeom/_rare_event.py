@@ -385,109 +385,76 @@ def _level(m: np.ndarray, counted: np.ndarray, n_rank: int):
     return gamma, inside, True
 
 
-def _full_levels(cone: _Cone, X, P, inside, moves, rng, counts, sizes, *, group, B,
-                 counted, n_rank, max_levels):
-    """Splitting levels on the margin over all of ``W``, inside the working-set cone.
+class _Splitter:
+    """Multilevel splitting for one cone: the state of one run of :func:`_split_token`.
 
-    The domains ``cone(S) & {min_s a_s.x / |a_s| >= -gamma}`` shrink to the cell as ``gamma``
-    falls to 0 (each level keeps ``n_rank`` chains); moves are the working-set moves (exact
-    inside ``cone(S)``) with a move that leaves the level's domain rejected (a Metropolis step,
-    so each level's law stays invariant). Appends to ``counts``/``sizes``.
-
-    Returns ``(X, P, side, log_check, n_checked)``: ``log_check`` is the log of the cell's
-    estimated share of ``cone(S)``.
+    ``X`` holds the ``n_chains`` chains (``n_groups`` groups of consecutive chains), ``cs`` the
+    working set, ``counts``/``sizes`` per recorded level the survivors and trials per group,
+    ``n_checked`` the points checked against every row of ``W`` and ``log_check`` the log of
+    the accepted full-check fraction (0 without a working set). Every draw comes from ``rng``,
+    in a fixed order: the start, then per level the resampling of the killed chains and their
+    moves, so a seed reruns the same run bit for bit.
     """
-    dest, src = _replace_killed(inside, B, rng)
-    X[dest], P[dest] = moves(X[src], P[src])  # the chains outside cone(S) replaced
-    first = len(counts)
-    v, _ = cone.scan(X, 1)
-    mf, n_checked, side = v[:, 0], X.shape[0], "two-sided"
-    t_max = 0.5 * math.pi  # HMC time: shortened while most moves leave the level's domain
-    while True:
-        if len(counts) >= max_levels:
-            side = "unresolved"
-            break
-        gamma, ins, strict = _level(mf, counted, n_rank)
-        counts.append(np.bincount(group[ins], minlength=B))
-        sizes.append(np.bincount(group[counted], minlength=B))
-        if gamma == 0.0:
-            break
-        dest, src = _replace_killed(ins, B, rng)
-        Xn, Pn = moves(X[src], P[src], t_max)  # the copies only
-        v, _ = cone.scan(Xn, 1)
-        n_checked += Xn.shape[0]
-        # left the level's domain: stay at the copied point
-        back = (v[:, 0] <= -gamma) if strict else (v[:, 0] < -gamma)
-        Xn[back], Pn[back] = X[src[back]], P[src[back]]
-        X[dest], P[dest] = Xn, Pn
-        mf[dest] = np.where(back, mf[src], v[:, 0])
-        # a small working-set cone around a much smaller cell rejects long trajectories, and
-        # chains that never move leave the levels stalled on ties: adapt the time between
-        # levels (each level's kernel is still exact and reversible)
-        accepted = 1.0 - float(back.mean())
-        if accepted < 0.25:
-            t_max *= 0.5
-        elif accepted > 0.6:
-            t_max = min(2.0 * t_max, 0.5 * math.pi)
-    if len(counts) == first:  # max_levels reached before a level of its own
-        return X, P, "unresolved", -np.inf, n_checked
-    c = np.array(counts[first:], float).sum(1) / np.array(sizes[first:], float).sum(1)
-    log_check = float(np.log(c).sum()) if np.all(c > 0) else -np.inf
-    return X, P, side, log_check, n_checked
 
-
-def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_groups: int,
+    def __init__(self, cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_groups: int,
                  level_prob: float, n_moves: int, move: str, working: bool, full_check: bool,
                  max_constraints: int, probe_k: int, n_probes: int, min_full_fraction: float,
                  max_levels: int):
-    """Multilevel splitting for one cone. Returns (log_p, std_err, side, n_levels, |S|, n_checked)."""
-    k = cone.WG32.shape[1]
-    N, B = n_chains, n_groups
-    nb = N // B
-    group = np.repeat(np.arange(B), nb)
-    X = rng.standard_normal((N, k))
-    counts, sizes = [], []  # per recorded level: survivors and trials, per group
-    n_checked = 0
-    log_check = 0.0  # log of the accepted full-check fraction (0 without a working set)
+        self.cone, self.rng = cone, rng
+        self.n_moves, self.move, self.working, self.full_check = n_moves, move, working, full_check
+        self.max_constraints, self.probe_k = max_constraints, probe_k
+        self.min_full_fraction, self.max_levels = min_full_fraction, max_levels
+        self.k = cone.WG32.shape[1]
+        self.N, self.B = n_chains, n_groups
+        nb = n_chains // n_groups
+        self.group = np.repeat(np.arange(n_groups), nb)
+        self.X = rng.standard_normal((n_chains, self.k))
+        self.counts, self.sizes = [], []  # per recorded level: survivors and trials, per group
+        self.n_checked = 0
+        self.log_check = 0.0  # log of the accepted full-check fraction (0 without a working set)
 
-    cs = _Constraints(cone, max_constraints, gram=(move == "hmc"))
-    if not working:
-        cs.add(cone.all_constraints())
-    n_bounces = 0
+        self.cs = _Constraints(cone, max_constraints, gram=(move == "hmc"))
+        if not working:
+            self.cs.add(cone.all_constraints())
 
-    probe_idx = np.arange(n_probes) * nb  # one chain in each of the first n_probes groups
-    counted = np.ones(N, dtype=bool)
-    if working:
-        # a probe's position chose constraints that cut it: counting it would bias the level's
-        # fraction down, so probes sit out the count (and the resampling) of their level
-        counted[probe_idx] = False
-    n_rank = min(int(counted.sum()) - 1, max(1, int(math.ceil(level_prob * counted.sum()))))
+        self.probe_idx = np.arange(n_probes) * nb  # one chain in each of the first n_probes groups
+        self.counted = np.ones(n_chains, dtype=bool)
+        if working:
+            # a probe's position chose constraints that cut it: counting it would bias the level's
+            # fraction down, so probes sit out the count (and the resampling) of their level
+            self.counted[self.probe_idx] = False
+        n_counted = self.counted.sum()
+        self.n_rank = min(int(n_counted) - 1, max(1, int(math.ceil(level_prob * n_counted))))
+        self.gammas = []  # levels since the last emptiness LP
+        self.next_lp = EMPTY_CHECK_LEVELS
 
-    def probe():
-        nonlocal n_checked
-        idx = probe_idx
-        val, ids = cone.scan(X[idx], probe_k)
-        n_checked += idx.size
+    def probe(self):
+        """Check one chain in each of the first ``n_probes`` groups against every row of ``W``;
+        the constraints that cut a probe off from the cone join the working set."""
+        X, cs, idx = self.X, self.cs, self.probe_idx
+        val, ids = self.cone.scan(X[idx], self.probe_k)
+        self.n_checked += idx.size
         # constraints that bind harder at the probe than every one in the working set
         m_S = (X[idx] @ cs.A.T).min(axis=1) if cs.M else np.full(idx.size, np.inf)
         cs.add(np.where(val < np.minimum(m_S, 0.0)[:, None], ids, -1).ravel())
 
-    def sync(P, X_=None):
+    def sync(self, P: np.ndarray) -> np.ndarray:
         """Constraint values of the chains, extended to the constraints added since."""
-        X_ = X if X_ is None else X_
+        cs = self.cs
         if P.shape[1] < cs.M:
-            P = np.hstack([P, X_ @ cs.A[P.shape[1]:].T])
+            P = np.hstack([P, self.X @ cs.A[P.shape[1]:].T])
         return np.ascontiguousarray(P)
 
-    def moves(X, P, t_max=0.5 * math.pi):
+    def moves(self, X, P, t_max=0.5 * math.pi):
         """``n_moves`` exact moves of every chain inside the working set's current domain
         (HMC with reflections for time ``t_max``, or LIN-ESS); ``X`` and ``P`` are updated in
         place and returned."""
+        cs, rng = self.cs, self.rng
         n = X.shape[0]
-        for _ in range(n_moves):
-            nu = rng.standard_normal((n, k))
+        for _ in range(self.n_moves):
+            nu = rng.standard_normal((n, self.k))
             Q = np.ascontiguousarray(nu @ cs.A.T)
-            if move == "hmc":
+            if self.move == "hmc":
                 _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t_max, MAX_BOUNCES)
             else:
                 theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(n))
@@ -496,75 +463,175 @@ def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_grou
                 P = P * c + Q * s
         return X, P
 
-    if working:
-        probe()
-    side = "two-sided" if (not working or full_check) else "upper"
-    P = np.zeros((N, 0))
-    gammas = []  # levels since the last emptiness LP
-    next_lp = EMPTY_CHECK_LEVELS
-    while True:
-        if len(counts) >= max_levels:
-            side = "unresolved"
-            break
-        L = len(counts)
-        if L >= next_lp or (L >= 8 and _stalled(gammas)):
-            if cone_is_empty(cs.A):
-                return -np.inf, 0.0, "empty", L, cs.M, n_checked, 0.0
-            next_lp = 2 * max(L, next_lp // 2)
-            gammas.clear()
-        P = sync(P)
-        m = P.min(axis=1) if cs.M else np.full(N, np.inf)
-        gamma, inside, _ = _level(m, counted, n_rank)
-        cs.lower_shifts(gamma)
-        gammas.append(gamma)
-        counts.append(np.bincount(group[inside], minlength=B))
-        sizes.append(np.bincount(group[counted], minlength=B))
-        if gamma == 0.0:
-            if not working or not full_check:
-                break
-            sel = np.flatnonzero(inside)
-            val, ids = cone.scan(X[sel], probe_k)
-            n_checked += sel.size
-            ok = val[:, 0] >= 0
-            log_check = math.log(ok.mean()) if ok.any() else -np.inf
-            if cs.M >= max_constraints:
-                # The working set is full: the cell's share of its cone can be anything, and one
-                # check of chains that descend from a few ancestors is no estimate of it (a small
-                # step left to a couple of hits errs high, and a token with none is unresolved).
-                # Go on splitting inside the working-set cone with levels on the margin over all
-                # of W.
-                X, P, side, log_check, n_full = _full_levels(
-                    cone, X, sync(P), inside, moves, rng, counts, sizes,
-                    group=group, B=B, counted=counted, n_rank=n_rank, max_levels=max_levels)
-                n_checked += n_full
-                break
-            if ok.mean() >= min_full_fraction:
-                counts.append(np.bincount(group[sel[ok]], minlength=B))
-                sizes.append(np.bincount(group[sel], minlength=B))
-                break
-            cs.add(np.where(val[~ok] < 0, ids[~ok], -1).ravel())
-        P = sync(P)  # constraints added by a failed full check: their values at these X
-        dest, src = _replace_killed(inside, B, rng)
-        X[dest], P[dest] = moves(X[src], P[src])
-        if working:
-            probe()
+    def _record(self, kept, tried):
+        """Record a level: its survivors ``kept`` among the trials ``tried``, counted per group."""
+        self.counts.append(np.bincount(self.group[kept], minlength=self.B))
+        self.sizes.append(np.bincount(self.group[tried], minlength=self.B))
 
-    counts = np.array(counts, dtype=np.float64)  # (L, B)
-    sizes = np.array(sizes, dtype=np.float64)
-    r = counts.sum(1) / sizes.sum(1)  # pooled fraction per level
-    n_levels = int(r.size)
-    if not np.all(r > 0):  # no chain survived the last level: only the levels before bound p
-        return float(np.log(r[r > 0]).sum()), np.inf, "unresolved", n_levels, cs.M, n_checked, log_check
-    # linearised influence of each group: log p_hat - log p ~ (1/B) sum_b sum_k e_bk
-    nbar = sizes.mean(1, keepdims=True)
-    e = ((counts - r[:, None] * sizes) / (r[:, None] * nbar)).sum(0)
-    se = SE_INFLATION * float(np.std(e, ddof=1) / math.sqrt(B))
-    # No bias correction here: with survivors kept, only the copies moved and the level at the
-    # largest killed value, the product of the fractions is unbiased for p (Brehier et al.
-    # 2016), so its log is low by about var / 2 (tests/test_rare_event.py pins both); a mean of
-    # logs removes that first-order bias itself (CellVolumes.cell_volume_rate).
-    log_p = float(np.log(r).sum())
-    return log_p, se, side, n_levels, cs.M, n_checked, log_check
+    def proven_empty(self) -> bool:
+        """The emptiness LP on the working-set cone, after :data:`EMPTY_CHECK_LEVELS` levels, at
+        every doubling after, and whenever the levels stall (:func:`_stalled`)."""
+        L = len(self.counts)
+        if L >= self.next_lp or (L >= 8 and _stalled(self.gammas)):
+            if cone_is_empty(self.cs.A):
+                return True
+            self.next_lp = 2 * max(L, self.next_lp // 2)
+            self.gammas.clear()
+        return False
+
+    def step(self, P: np.ndarray):
+        """Record the next level on the working set's margins: lower the shifts to its
+        ``gamma``. Returns ``(P, gamma, inside)`` (``inside``: the counted survivors)."""
+        P = self.sync(P)
+        m = P.min(axis=1) if self.cs.M else np.full(self.N, np.inf)
+        gamma, inside, _ = _level(m, self.counted, self.n_rank)
+        self.cs.lower_shifts(gamma)
+        self.gammas.append(gamma)
+        self._record(inside, self.counted)
+        return P, gamma, inside
+
+    def resample(self, P: np.ndarray, inside: np.ndarray):
+        """Replace the killed chains by copies of survivors of their group and move the copies
+        (``X`` and ``P`` in place)."""
+        dest, src = _replace_killed(inside, self.B, self.rng)
+        self.X[dest], P[dest] = self.moves(self.X[src], P[src])
+
+    def at_cone(self, P: np.ndarray, inside: np.ndarray, side: str):
+        """The chains are in the working-set cone (``gamma == 0``): the full check.
+
+        Returns the run's side when the run ends here, ``None`` when the levels go on (the
+        constraints the checked chains break have joined the working set).
+        """
+        if not self.working or not self.full_check:
+            return side
+        cs = self.cs
+        sel = np.flatnonzero(inside)
+        val, ids = self.cone.scan(self.X[sel], self.probe_k)
+        self.n_checked += sel.size
+        ok = val[:, 0] >= 0
+        self.log_check = math.log(ok.mean()) if ok.any() else -np.inf
+        if cs.M >= self.max_constraints:
+            # The working set is full: the cell's share of its cone can be anything, and one
+            # check of chains that descend from a few ancestors is no estimate of it (a small
+            # step left to a couple of hits errs high, and a token with none is unresolved).
+            # Go on splitting inside the working-set cone with levels on the margin over all
+            # of W.
+            return self.full_levels(self.sync(P), inside)
+        if ok.mean() >= self.min_full_fraction:
+            self._record(sel[ok], sel)
+            return side
+        cs.add(np.where(val[~ok] < 0, ids[~ok], -1).ravel())
+        return None
+
+    def full_levels(self, P: np.ndarray, inside: np.ndarray) -> str:
+        """Splitting levels on the margin over all of ``W``, inside the working-set cone.
+
+        The domains ``cone(S) & {min_s a_s.x / |a_s| >= -gamma}`` shrink to the cell as ``gamma``
+        falls to 0 (each level keeps ``n_rank`` chains); moves are the working-set moves (exact
+        inside ``cone(S)``) with a move that leaves the level's domain rejected (a Metropolis
+        step, so each level's law stays invariant). Appends to ``counts``/``sizes``, adds the
+        points it checks to ``n_checked`` and sets ``log_check``, the log of the cell's
+        estimated share of ``cone(S)``. Returns the run's side.
+        """
+        cone, rng, X, B, counted = self.cone, self.rng, self.X, self.B, self.counted
+        dest, src = _replace_killed(inside, B, rng)
+        X[dest], P[dest] = self.moves(X[src], P[src])  # the chains outside cone(S) replaced
+        first = len(self.counts)
+        v, _ = cone.scan(X, 1)
+        mf, n_checked, side = v[:, 0], X.shape[0], "two-sided"
+        t_max = 0.5 * math.pi  # HMC time: shortened while most moves leave the level's domain
+        while True:
+            if len(self.counts) >= self.max_levels:
+                side = "unresolved"
+                break
+            gamma, ins, strict = _level(mf, counted, self.n_rank)
+            self._record(ins, counted)
+            if gamma == 0.0:
+                break
+            dest, src = _replace_killed(ins, B, rng)
+            Xn, Pn = self.moves(X[src], P[src], t_max)  # the copies only
+            v, _ = cone.scan(Xn, 1)
+            n_checked += Xn.shape[0]
+            # left the level's domain: stay at the copied point
+            back = (v[:, 0] <= -gamma) if strict else (v[:, 0] < -gamma)
+            Xn[back], Pn[back] = X[src[back]], P[src[back]]
+            X[dest], P[dest] = Xn, Pn
+            mf[dest] = np.where(back, mf[src], v[:, 0])
+            # a small working-set cone around a much smaller cell rejects long trajectories, and
+            # chains that never move leave the levels stalled on ties: adapt the time between
+            # levels (each level's kernel is still exact and reversible)
+            accepted = 1.0 - float(back.mean())
+            if accepted < 0.25:
+                t_max *= 0.5
+            elif accepted > 0.6:
+                t_max = min(2.0 * t_max, 0.5 * math.pi)
+        self.n_checked += n_checked
+        if len(self.counts) == first:  # max_levels reached before a level of its own
+            self.log_check = -np.inf
+            return "unresolved"
+        c = np.array(self.counts[first:], float).sum(1) / np.array(self.sizes[first:], float).sum(1)
+        self.log_check = float(np.log(c).sum()) if np.all(c > 0) else -np.inf
+        return side
+
+    def run(self) -> tuple:
+        """The levels until the cone (checked against every row of ``W`` with a working set),
+        the level cap or an emptiness proof; returns :meth:`result`."""
+        if self.working:
+            self.probe()
+        side = "two-sided" if (not self.working or self.full_check) else "upper"
+        P = np.zeros((self.N, 0))
+        while True:
+            if len(self.counts) >= self.max_levels:
+                side = "unresolved"
+                break
+            if self.proven_empty():
+                return -np.inf, 0.0, "empty", len(self.counts), self.cs.M, self.n_checked, 0.0
+            P, gamma, inside = self.step(P)
+            if gamma == 0.0:
+                end = self.at_cone(P, inside, side)
+                if end is not None:
+                    side = end
+                    break
+            P = self.sync(P)  # constraints added by a failed full check: their values at these X
+            self.resample(P, inside)
+            if self.working:
+                self.probe()
+        return self.result(side)
+
+    def result(self, side: str) -> tuple:
+        """``(log_p, std_err, side, n_levels, |S|, n_checked, log_check)`` from the recorded
+        levels: ``log p`` the sum of the logs of the pooled fractions, its error from the
+        spread of the groups' linearised contributions."""
+        B, M, n_checked, log_check = self.B, self.cs.M, self.n_checked, self.log_check
+        counts = np.array(self.counts, dtype=np.float64)  # (L, B)
+        sizes = np.array(self.sizes, dtype=np.float64)
+        r = counts.sum(1) / sizes.sum(1)  # pooled fraction per level
+        n_levels = int(r.size)
+        if not np.all(r > 0):  # no chain survived the last level: only the levels before bound p
+            return float(np.log(r[r > 0]).sum()), np.inf, "unresolved", n_levels, M, n_checked, log_check
+        # linearised influence of each group: log p_hat - log p ~ (1/B) sum_b sum_k e_bk
+        nbar = sizes.mean(1, keepdims=True)
+        e = ((counts - r[:, None] * sizes) / (r[:, None] * nbar)).sum(0)
+        se = SE_INFLATION * float(np.std(e, ddof=1) / math.sqrt(B))
+        # No bias correction here: with survivors kept, only the copies moved and the level at the
+        # largest killed value, the product of the fractions is unbiased for p (Brehier et al.
+        # 2016), so its log is low by about var / 2 (tests/test_rare_event.py pins both); a mean of
+        # logs removes that first-order bias itself (CellVolumes.cell_volume_rate).
+        log_p = float(np.log(r).sum())
+        return log_p, se, side, n_levels, M, n_checked, log_check
+
+
+def _split_token(cone: _Cone, rng: np.random.Generator, *, n_chains: int, n_groups: int,
+                 level_prob: float, n_moves: int, move: str, working: bool, full_check: bool,
+                 max_constraints: int, probe_k: int, n_probes: int, min_full_fraction: float,
+                 max_levels: int):
+    """Multilevel splitting for one cone (:class:`_Splitter`). Returns ``(log_p, std_err, side,
+    n_levels, |S|, n_checked, log_check)``."""
+    return _Splitter(
+        cone, rng, n_chains=n_chains, n_groups=n_groups, level_prob=level_prob,
+        n_moves=n_moves, move=move, working=working, full_check=full_check,
+        max_constraints=max_constraints, probe_k=probe_k, n_probes=n_probes,
+        min_full_fraction=min_full_fraction, max_levels=max_levels).run()
 
 
 def _check_tokens(token_ids, V: int) -> np.ndarray:
@@ -855,7 +922,6 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
     :func:`_check_settings`; token ``t`` draws from child ``t`` of ``root`` (its extra runs from
     that child's children).
     """
-    from scipy import stats
     from tqdm.auto import tqdm
 
     (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
@@ -863,10 +929,7 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
     W32, WG32, row_sq = cones.W32, cones.WG32, cones.row_sq
     T = tokens.size
     out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "log_check_fraction", "seconds")}
-    n_levels = np.zeros(T, dtype=np.int64)
-    n_used = np.zeros(T, dtype=np.int64)
-    n_checked = np.zeros(T, dtype=np.int64)
-    n_runs = np.zeros(T, dtype=np.int64)
+    tallies = {name: np.zeros(T, dtype=np.int64) for name in ("n_levels", "n_constraints_used", "n_full_checks", "n_runs")}
     side = np.empty(T, dtype=object)
     for i, t in enumerate(tqdm(tokens, desc="cone measures", unit="tok", disable=not progress)):
         t0 = time.perf_counter()
@@ -876,71 +939,93 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
             out["std_err"][i] = 0.0
             side[i] = "empty"
         else:
-            working = cone.n_constraints > max_constraints if working_set == "auto" else bool(working_set)
-            if not working and move == "hmc" and cone.n_constraints > MAX_GRAM:
-                raise ValueError(
-                    f"working_set: False with move='hmc' needs the Gram matrix of all "
-                    f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
-                )
-            seed_t = _token_seed(root, int(t))
-            runs = []  # (log p, se, side, levels, |S|, checked, log check) per run
-
-            def run(j):
-                ss = seed_t if j == 0 else np.random.SeedSequence(
-                    seed_t.entropy, spawn_key=(*seed_t.spawn_key, j - 1), pool_size=seed_t.pool_size)
-                with single_blas_thread():
-                    runs.append(_split_token(
-                        cone, np.random.default_rng(ss), n_chains=n_chains, n_groups=n_groups,
-                        level_prob=level_prob, n_moves=n_moves, move=move, working=working,
-                        full_check=full_check, max_constraints=max_constraints, probe_k=probe_k,
-                        n_probes=n_probes, min_full_fraction=min_full_fraction,
-                        max_levels=max_levels))
-
-            run(0)
-            lp, se, df = runs[0][0], runs[0][1], n_groups - 1
-            while (target_se is not None and runs[-1][2] in ("two-sided", "upper")
-                   and se > target_se and len(runs) < max_runs):
-                # plan from the error so far (it falls like 1 / sqrt(runs)); re-plan after
-                want = math.ceil(len(runs) * (se / target_se) ** 2)
-                for j in range(len(runs), min(max_runs, max(want, len(runs) + 1))):
-                    run(j)
-                    if runs[-1][2] not in ("two-sided", "upper"):
-                        break
-                if runs[-1][2] not in ("two-sided", "upper"):
-                    break
-                lp, se, df = _combine_runs(runs, n_groups)
-            sd = runs[-1][2]
-            if sd in ("empty", "unresolved"):  # a run that proved the cell empty or gave up
-                lp, se, df = runs[-1][0], runs[-1][1], n_groups - 1
-            tq = stats.t.ppf(0.5 + confidence / 2, df)
-            n_runs[i] = len(runs)
-            n_levels[i], lc = runs[0][3], runs[0][6]
-            n_used[i] = max(r[4] for r in runs)
-            n_checked[i] = sum(r[5] for r in runs)
-            side[i] = sd
-            if sd == "empty":
-                out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = -np.inf
-            out["log_check_fraction"][i] = lc
-            out["std_err"][i] = se
-            if sd == "empty":
-                pass
-            elif sd == "unresolved":
-                out["log_upper"][i] = min(lp + tq * se, 0.0) if np.isfinite(se) else lp
-                out["log_lower"][i] = -np.inf
-            else:
-                out["log_share"][i] = lp
-                out["log_lower"][i] = lp - tq * se
-                out["log_upper"][i] = min(lp + tq * se, 0.0)
+            estimate = _token_runs(cone, _token_seed(root, int(t)), settings, move=move,
+                                   working_set=working_set, full_check=full_check)
+            side[i] = _store_token(i, *estimate, out=out, tallies=tallies, confidence=confidence)
         out["seconds"][i] = time.perf_counter() - t0
     return ConeMeasure(
-        token_ids=tokens, side=side.astype(str), n_levels=n_levels, n_constraints_used=n_used,
-        n_full_checks=n_checked, n_runs=n_runs, confidence=confidence,
+        token_ids=tokens, side=side.astype(str), confidence=confidence,
         params={"n_chains": n_chains, "n_groups": n_groups, "level_prob": level_prob,
                 "n_moves": n_moves, "move": move, "working_set": str(working_set), "full_check": bool(full_check),
                 "target_se": target_se, "max_runs": max_runs if target_se is not None else 1,
                 **_seed_record(root)},
-        **out,
+        **tallies, **out,
     )
+
+
+def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *, move: str,
+                working_set, full_check: bool) -> tuple:
+    """The splitting runs of one non-empty cone (:func:`measure_cones`): one run, and with
+    ``target_se`` more until the error is reached, the cap is, or a run ends empty or unresolved.
+
+    Run 0 draws from ``seed_t``, run ``j >= 1`` from its child ``j - 1``. Returns ``(runs,
+    log p, std_err, degrees of freedom)``, ``runs`` the list of :func:`_split_token` results.
+    """
+    (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
+     min_full_fraction, max_levels, _, target_se, max_runs) = settings
+    working = cone.n_constraints > max_constraints if working_set == "auto" else bool(working_set)
+    if not working and move == "hmc" and cone.n_constraints > MAX_GRAM:
+        raise ValueError(
+            f"working_set: False with move='hmc' needs the Gram matrix of all "
+            f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
+        )
+    runs = []  # (log p, se, side, levels, |S|, checked, log check) per run
+
+    def run(j):
+        ss = seed_t if j == 0 else np.random.SeedSequence(
+            seed_t.entropy, spawn_key=(*seed_t.spawn_key, j - 1), pool_size=seed_t.pool_size)
+        with single_blas_thread():
+            runs.append(_split_token(
+                cone, np.random.default_rng(ss), n_chains=n_chains, n_groups=n_groups,
+                level_prob=level_prob, n_moves=n_moves, move=move, working=working,
+                full_check=full_check, max_constraints=max_constraints, probe_k=probe_k,
+                n_probes=n_probes, min_full_fraction=min_full_fraction,
+                max_levels=max_levels))
+
+    run(0)
+    lp, se, df = runs[0][0], runs[0][1], n_groups - 1
+    while (target_se is not None and runs[-1][2] in ("two-sided", "upper")
+           and se > target_se and len(runs) < max_runs):
+        # plan from the error so far (it falls like 1 / sqrt(runs)); re-plan after
+        want = math.ceil(len(runs) * (se / target_se) ** 2)
+        for j in range(len(runs), min(max_runs, max(want, len(runs) + 1))):
+            run(j)
+            if runs[-1][2] not in ("two-sided", "upper"):
+                break
+        if runs[-1][2] not in ("two-sided", "upper"):
+            break
+        lp, se, df = _combine_runs(runs, n_groups)
+    if runs[-1][2] in ("empty", "unresolved"):  # a run that proved the cell empty or gave up
+        lp, se, df = runs[-1][0], runs[-1][1], n_groups - 1
+    return runs, lp, se, df
+
+
+def _store_token(i: int, runs: list, lp: float, se: float, df, *, out: dict, tallies: dict,
+                 confidence: float) -> str:
+    """Write token ``i``'s estimate from :func:`_token_runs` into :func:`measure_cones`'s
+    arrays (``confidence`` t-interval on ``df`` degrees of freedom); returns its side."""
+    from scipy import stats
+
+    sd = runs[-1][2]
+    tq = stats.t.ppf(0.5 + confidence / 2, df)
+    tallies["n_runs"][i] = len(runs)
+    tallies["n_levels"][i], lc = runs[0][3], runs[0][6]
+    tallies["n_constraints_used"][i] = max(r[4] for r in runs)
+    tallies["n_full_checks"][i] = sum(r[5] for r in runs)
+    if sd == "empty":
+        out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = -np.inf
+    out["log_check_fraction"][i] = lc
+    out["std_err"][i] = se
+    if sd == "empty":
+        pass
+    elif sd == "unresolved":
+        out["log_upper"][i] = min(lp + tq * se, 0.0) if np.isfinite(se) else lp
+        out["log_lower"][i] = -np.inf
+    else:
+        out["log_share"][i] = lp
+        out["log_lower"][i] = lp - tq * se
+        out["log_upper"][i] = min(lp + tq * se, 0.0)
+    return sd
 
 
 def _combine_runs(runs: list, n_groups: int) -> tuple:

@@ -165,6 +165,75 @@ def run_copy(
         (:func:`_memory_estimate`; the message names ``l_train`` or ``max_length``).
     """
     t0 = time.perf_counter()
+    out, task, c = _check_copy_args(
+        out_dir, l_train=l_train, alphabet=alphabet, steps=steps, batch_size=batch_size, lr=lr,
+        hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, n_eval=n_eval,
+        max_length=max_length, seed=seed, num_threads=num_threads, compare_bounds=compare_bounds,
+        precision=precision, progress=progress)
+    seed_init, seed_data, seed_eval = c.pop("seeds")
+    num_threads, max_length = c["num_threads"], c["max_length"]
+    out.mkdir(parents=True, exist_ok=True)
+
+    with _torch_threads(num_threads):
+        model = make_copy_model(
+            task,
+            hidden_size=c["hidden_size"],
+            num_layers=c["num_layers"],
+            num_heads=c["num_heads"],
+            max_length=max(8 * task.l_train + 2, 2 * max_length + 2),
+            seed=seed_init,
+        )
+    history = train_copy_model(
+        model, task, steps=c["steps"], batch_size=c["batch_size"], lr=lr, seed=seed_data,
+        num_threads=num_threads, progress=progress,
+    )
+    ckpt = out / "checkpoint"
+    model.save_pretrained(ckpt)
+    _json.dump({
+        "alphabet": task.alphabet, "l_train": task.l_train, "sep_id": task.sep_id,
+        "pad_id": task.pad_id, "format": "x_1..x_L <sep> x_1..x_L; loss on the copy only",
+    }, ckpt / TASK_FILE)
+
+    evaluation = evaluate_copy(
+        model, task, np.arange(1, max_length + 1), n_eval=c["n_eval"], seed=seed_eval,
+        num_threads=num_threads, progress=progress,
+    )
+    cliff, interval = detect_cliff(evaluation["lengths"], evaluation["exact_match"], c["n_eval"])
+
+    bound_section, bound_note = None, None
+    if compare_bounds:
+        try:
+            with _torch_threads(num_threads):
+                bound_section = compare_with_bounds(model, task, evaluation, precision=precision, seed=seed)
+        except ImportError as exc:
+            bound_note = f"bounds comparison skipped: {exc}"
+
+    figure = plot_copy_accuracy(evaluation, task.l_train, out / "copy_accuracy.png", cliff=cliff, interval=interval)
+    summary = {
+        "config": _config_record(task, c, seed),
+        "training": history.to_dict(),
+        "evaluation": evaluation,
+        "cliff": cliff,
+        "cliff_interval": None if interval is None else list(interval),
+        "bounds": bound_section,
+        "bounds_note": bound_note,
+        "files": {"checkpoint": str(ckpt), "figure": str(figure), "summary": str(out / "copy_summary.json")},
+    }
+    summary["wall_s"] = time.perf_counter() - t0
+    _json.dump(summary, out / "copy_summary.json")
+    return summary
+
+
+def _check_copy_args(out_dir, *, l_train, alphabet, steps, batch_size, lr, hidden_size,
+                     num_layers, num_heads, n_eval, max_length, seed, num_threads,
+                     compare_bounds, precision, progress) -> tuple:
+    """Every argument of :func:`run_copy`, checked before any work (nothing is created here).
+
+    Returns ``(out, task, checked)``: the output folder, the :class:`CopyTask` and a dict of the
+    checked sizes (``steps``, ``batch_size``, ``lr`` as given, ``hidden_size``, ``num_layers``, ``num_heads``,
+    ``n_eval``, ``max_length``, ``num_threads``) and ``seeds``, the three derived seeds
+    (initialisation, training data, evaluation data).
+    """
     out = _check_out_dir(out_dir)
     task = CopyTask(alphabet=alphabet, l_train=l_train)
     if max_length is None:
@@ -176,7 +245,7 @@ def run_copy(
         raise ValueError(f"max_length: expected at most {MAX_LENGTH_FACTOR} x l_train = "
                          f"{MAX_LENGTH_FACTOR * task.l_train}, got {max_length} (every length up "
                          "to it is evaluated; the cost grows like its cube)")
-    seed_init, seed_data, seed_eval = _seeds(seed)
+    seeds = _seeds(seed)
     steps = check_positive_int(steps, "steps")
     batch_size = check_positive_int(batch_size, "batch_size")
     check_positive(lr, "lr")
@@ -194,60 +263,21 @@ def run_copy(
     _check_precision(precision)
     _check_memory(task, max_length=max_length, batch_size=batch_size, hidden_size=hidden_size,
                   num_layers=num_layers, n_eval=n_eval)
-    out.mkdir(parents=True, exist_ok=True)
-
-    with _torch_threads(num_threads):
-        model = make_copy_model(
-            task,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            max_length=max(8 * task.l_train + 2, 2 * max_length + 2),
-            seed=seed_init,
-        )
-    history = train_copy_model(
-        model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed_data,
-        num_threads=num_threads, progress=progress,
-    )
-    ckpt = out / "checkpoint"
-    model.save_pretrained(ckpt)
-    _json.dump({
-        "alphabet": task.alphabet, "l_train": task.l_train, "sep_id": task.sep_id,
-        "pad_id": task.pad_id, "format": "x_1..x_L <sep> x_1..x_L; loss on the copy only",
-    }, ckpt / TASK_FILE)
-
-    evaluation = evaluate_copy(
-        model, task, np.arange(1, max_length + 1), n_eval=n_eval, seed=seed_eval,
-        num_threads=num_threads, progress=progress,
-    )
-    cliff, interval = detect_cliff(evaluation["lengths"], evaluation["exact_match"], n_eval)
-
-    bound_section, bound_note = None, None
-    if compare_bounds:
-        try:
-            with _torch_threads(num_threads):
-                bound_section = compare_with_bounds(model, task, evaluation, precision=precision, seed=seed)
-        except ImportError as exc:
-            bound_note = f"bounds comparison skipped: {exc}"
-
-    figure = plot_copy_accuracy(evaluation, task.l_train, out / "copy_accuracy.png", cliff=cliff, interval=interval)
-    summary = {
-        "config": {
-            "l_train": task.l_train, "alphabet": task.alphabet, "steps": steps,
-            "batch_size": batch_size, "lr": lr, "hidden_size": hidden_size,
-            "num_layers": num_layers, "num_heads": num_heads, "n_eval": n_eval,
-            "max_length": max_length, "seed": seed, "num_threads": num_threads,
-            "architecture": "LlamaForCausalLM (RoPE, RMSNorm, SwiGLU, untied unembedding)",
-            "torch": torch.__version__,
-        },
-        "training": history.to_dict(),
-        "evaluation": evaluation,
-        "cliff": cliff,
-        "cliff_interval": None if interval is None else list(interval),
-        "bounds": bound_section,
-        "bounds_note": bound_note,
-        "files": {"checkpoint": str(ckpt), "figure": str(figure), "summary": str(out / "copy_summary.json")},
+    return out, task, {
+        "steps": steps, "batch_size": batch_size, "lr": lr, "hidden_size": hidden_size,
+        "num_layers": num_layers, "num_heads": num_heads, "n_eval": n_eval,
+        "max_length": max_length, "num_threads": num_threads, "seeds": seeds,
     }
-    summary["wall_s"] = time.perf_counter() - t0
-    _json.dump(summary, out / "copy_summary.json")
-    return summary
+
+
+def _config_record(task: CopyTask, c: dict, seed) -> dict:
+    """The ``config`` section of ``copy_summary.json``: the checked sizes ``c`` of
+    :func:`_check_copy_args`, the seed as given, the architecture and torch's version."""
+    return {
+        "l_train": task.l_train, "alphabet": task.alphabet, "steps": c["steps"],
+        "batch_size": c["batch_size"], "lr": c["lr"], "hidden_size": c["hidden_size"],
+        "num_layers": c["num_layers"], "num_heads": c["num_heads"], "n_eval": c["n_eval"],
+        "max_length": c["max_length"], "seed": seed, "num_threads": c["num_threads"],
+        "architecture": "LlamaForCausalLM (RoPE, RMSNorm, SwiGLU, untied unembedding)",
+        "torch": torch.__version__,
+    }

@@ -487,6 +487,69 @@ AUTO_ALL_TOKENS = 4096
 AUTO_TOKEN_SAMPLE = 1000
 
 
+def _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence, interval,
+                            method, n_chains, tokens, target_se, rare_event_options):
+    """The arguments of :func:`cell_volumes` checked before any sampling (its Raises).
+
+    Returns ``(n_samples, batch_size, confidence, n_chains, target_se, G, why_not,
+    rare_event_options)``: ``G`` the support's origin-ellipsoid map (read once: the direction
+    map and the cones use it), ``why_not`` why the rare-event estimator does not apply (None
+    where it does), the options checked against ``n_chains``.
+    """
+    if not isinstance(decoder, Decoder):
+        raise TypeError(f"decoder: expected an embgeom.cells.Decoder, got {type(decoder).__name__}")
+    n_samples = check_positive_int(n_samples, "n_samples")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    from sklearn.utils.validation import check_is_fitted
+
+    if hasattr(type(support), "origin_ellipsoid_map") and hasattr(type(support), "fit"):
+        check_is_fitted(support)  # an unfitted Support: NotFittedError, not "not a Support"
+    if not all(hasattr(support, a) for a in ("dim", "sample", "origin_ellipsoid_map")):
+        raise TypeError(
+            "support: expected a Support with .dim, .sample and .origin_ellipsoid_map, got "
+            f"{type(support).__name__}"
+        )
+    if int(support.dim) != decoder.dim:
+        raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={decoder.dim}")
+    if interval not in ("clopper-pearson", "wilson"):
+        raise ValueError(f"interval: expected 'clopper-pearson' or 'wilson', got {interval!r}")
+    confidence = check_probability(confidence, "confidence")
+    if method not in ("auto", "uniform", "rare-event"):
+        raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
+    n_chains = check_positive_int(n_chains, "n_chains")
+    if not (isinstance(tokens, str) or tokens is None):  # bad ids are refused for every method
+        _token_sample(tokens, decoder.n_tokens, np.random.SeedSequence(0))
+    G = support.origin_ellipsoid_map()
+    why_not = None
+    if method != "uniform" and (decoder.bias_ is not None or G is None):
+        why_not = ("the decoder has a bias" if decoder.bias_ is not None else
+                   f"the support ({type(support).__name__}) is not an origin-centred ellipsoid")
+        if method == "rare-event":
+            raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
+                             f"centre, but {why_not}; use method='uniform' or 'auto'")
+    if target_se is not None:
+        target_se = check_positive(target_se, "target_se")
+    if method != "uniform" and why_not is None:
+        rare_event_options = _check_rare_event_options(rare_event_options, n_chains, confidence,
+                                                       target_se)
+    return n_samples, batch_size, confidence, n_chains, target_se, G, why_not, rare_event_options
+
+
+def _keep_counts(logs: dict, summary: dict, ids, counted, counts, n_samples: int, lower, upper,
+                 n_tokens: int) -> None:
+    """Give the sampled tokens whose uniform count is the tighter estimate (``counted``) their
+    count's log figures and ``token_method`` "uniform"; record the sample in ``summary``."""
+    if counted.any():
+        c_ids = ids[counted]
+        lf, llo, lhi = _uniform_logs(counts[c_ids], n_samples, lower[c_ids], upper[c_ids])
+        logs["log_fractions"][c_ids], logs["log_lower"][c_ids] = lf, llo
+        logs["log_upper"][c_ids] = lhi
+        logs["token_method"][c_ids] = "uniform"
+    summary["n_by_counts"] = int(counted.sum())
+    summary["token_sample"] = int(ids.size)
+    summary["sample_is_all"] = bool(ids.size == n_tokens)
+
+
 def cell_volumes(
     decoder: Decoder,
     support,
@@ -603,42 +666,9 @@ def cell_volumes(
         samples of the wrong shape or not finite, an unknown ``method``, ``method="rare-event"``
         with a bias or a support whose cells are not cones through its centre, bad ``tokens``.
     """
-    if not isinstance(decoder, Decoder):
-        raise TypeError(f"decoder: expected an embgeom.cells.Decoder, got {type(decoder).__name__}")
-    n_samples = check_positive_int(n_samples, "n_samples")
-    batch_size = check_positive_int(batch_size, "batch_size")
-    from sklearn.utils.validation import check_is_fitted
-
-    if hasattr(type(support), "origin_ellipsoid_map") and hasattr(type(support), "fit"):
-        check_is_fitted(support)  # an unfitted Support: NotFittedError, not "not a Support"
-    if not all(hasattr(support, a) for a in ("dim", "sample", "origin_ellipsoid_map")):
-        raise TypeError(
-            "support: expected a Support with .dim, .sample and .origin_ellipsoid_map, got "
-            f"{type(support).__name__}"
-        )
-    if int(support.dim) != decoder.dim:
-        raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={decoder.dim}")
-    if interval not in ("clopper-pearson", "wilson"):
-        raise ValueError(f"interval: expected 'clopper-pearson' or 'wilson', got {interval!r}")
-    confidence = check_probability(confidence, "confidence")
-    if method not in ("auto", "uniform", "rare-event"):
-        raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
-    n_chains = check_positive_int(n_chains, "n_chains")
-    if not (isinstance(tokens, str) or tokens is None):  # bad ids are refused for every method
-        _token_sample(tokens, decoder.n_tokens, np.random.SeedSequence(0))
-    G = support.origin_ellipsoid_map()  # once: the direction map and the cones read it
-    why_not = None
-    if method != "uniform" and (decoder.bias_ is not None or G is None):
-        why_not = ("the decoder has a bias" if decoder.bias_ is not None else
-                   f"the support ({type(support).__name__}) is not an origin-centred ellipsoid")
-        if method == "rare-event":
-            raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
-                             f"centre, but {why_not}; use method='uniform' or 'auto'")
-    if target_se is not None:
-        target_se = check_positive(target_se, "target_se")
-    if method != "uniform" and why_not is None:
-        rare_event_options = _check_rare_event_options(rare_event_options, n_chains, confidence,
-                                                       target_se)
+    n_samples, batch_size, confidence, n_chains, target_se, G, why_not, rare_event_options = \
+        _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence, interval,
+                                method, n_chains, tokens, target_se, rare_event_options)
     root = seed_sequence(seed)
     try:
         log_vol = float(support.log_volume)
@@ -673,15 +703,8 @@ def cell_volumes(
                 options=rare_event_options, progress=progress, executor=ex)
             extra["rare_event_n_runs"] = logs.pop("n_runs")
     if estimator == "rare-event":
-        if counted.any():  # the sampled tokens whose uniform count is the tighter estimate
-            c_ids = ids[counted]
-            lf, llo, lhi = _uniform_logs(counts[c_ids], n_samples, lower[c_ids], upper[c_ids])
-            logs["log_fractions"][c_ids], logs["log_lower"][c_ids] = lf, llo
-            logs["log_upper"][c_ids] = lhi
-            logs["token_method"][c_ids] = "uniform"
-        extra["rare_event"]["n_by_counts"] = int(counted.sum())
-        extra["rare_event"]["token_sample"] = int(ids.size)
-        extra["rare_event"]["sample_is_all"] = bool(ids.size == decoder.n_tokens)
+        _keep_counts(logs, extra["rare_event"], ids, counted, counts, n_samples, lower, upper,
+                     decoder.n_tokens)
     elif why_not is not None:
         extra["rare_event"] = f"not applicable: {why_not}; uniform sampling only"
     return CellVolumes(

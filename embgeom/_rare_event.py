@@ -77,6 +77,9 @@ __all__ = ["ConeMeasure", "log_cone_gaussian_measure"]
 
 #: Tokens per block of the full check (a (chains, VOCAB_BLOCK) float32 buffer stays in cache).
 VOCAB_BLOCK = 4096
+#: Scans of at most this many points (the probes) take the fused kernel
+#: :func:`embgeom._rare_kernels.scan_smallest_margins`; more points, the blocked BLAS products.
+FUSED_SCAN_POINTS = 4
 #: After this many levels (share below 2^-64 at level_prob 0.5, far below real cells), at every
 #: doubling after, and whenever the levels stall, an LP checks whether the working-set cone is
 #: empty: then so is the cell, and the splitting would never reach it.
@@ -221,20 +224,26 @@ class _Cone:
 
         Returns the ``k`` smallest normalised margins per point (float64 (n, k), ascending) and
         their token ids (int64 (n, k)); the point is in the cell iff the first margin is >= 0.
+        Up to :data:`FUSED_SCAN_POINTS` points take the fused kernel (one memory-bound pass over
+        the rows), more the blocked products ``WG_block @ X.T`` (the orientation OpenBLAS runs
+        fastest for few columns) folded by :func:`embgeom._rare_kernels.fold_smallest_margins_t`.
         """
         n = X.shape[0]
         X32 = np.ascontiguousarray(X, dtype=np.float32)
         zt = X32 @ self.zt_row
         best_val = np.full((n, k), np.inf)
         best_idx = np.full((n, k), -1, dtype=np.int64)
+        if n <= FUSED_SCAN_POINTS:
+            _rare_kernels.scan_smallest_margins(self.WG32, X32, zt, self.inv_norm, best_val, best_idx)
+            return best_val, best_idx
+        XT = np.ascontiguousarray(X32.T)
         V = self.WG32.shape[0]
-        buf = None
+        buf = np.empty((min(VOCAB_BLOCK, V), n), dtype=np.float32)
         for v0 in range(0, V, VOCAB_BLOCK):
             wb = self.WG32[v0 : v0 + VOCAB_BLOCK]
-            if buf is None or buf.shape[1] != wb.shape[0]:
-                buf = np.empty((n, wb.shape[0]), dtype=np.float32)
-            np.matmul(X32, wb.T, out=buf)
-            _rare_kernels.fold_smallest_margins(buf, zt, self.inv_norm[v0 : v0 + VOCAB_BLOCK], v0, best_val, best_idx)
+            out = buf[: wb.shape[0]]
+            np.matmul(wb, XT, out=out)
+            _rare_kernels.fold_smallest_margins_t(out, zt, self.inv_norm[v0 : v0 + VOCAB_BLOCK], v0, best_val, best_idx)
         return best_val, best_idx
 
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from ._numba import njit
 
-__all__ = ["ess_angles", "fold_smallest_margins", "hmc_trajectories"]
+__all__ = ["ess_angles", "fold_smallest_margins", "fold_smallest_margins_t", "hmc_trajectories",
+           "scan_smallest_margins"]
 
 _TWO_PI = 2.0 * math.pi
 
@@ -163,6 +164,88 @@ def fold_smallest_margins(Z, zt, inv_norm, offset, best_val, best_idx):
                 best_val[i, pos] = m
                 best_idx[i, pos] = offset + j
                 worst = best_val[i, k - 1]
+
+
+@njit("void(float32[:, ::1], float32[::1], float64[::1], int64, float64[:, ::1], int64[:, ::1])",
+      nogil=True)
+def fold_smallest_margins_t(ZT, zt, inv_norm, offset, best_val, best_idx):
+    """:func:`fold_smallest_margins` on a transposed block: ``ZT = WG_block @ X_block.T``.
+
+    The scan of :class:`embgeom._rare_event._Cone` multiplies a block of rows by the points
+    in this orientation (``(vb, k) x (k, nb)``): for a few points it is 2-3 times faster than
+    ``X_block @ WG_block.T`` in OpenBLAS (a 4-point product over SmolLM2's 49,152 rows took
+    20 ms instead of 51). Same result: for every point the ``k`` smallest normalised margins
+    ``(zt[i] - ZT[j, i]) * inv_norm[j]``, ascending, ties keeping the earlier token.
+
+    Parameters
+    ----------
+    ZT : float32 (vb, nb), C-contiguous
+        ``WG_block @ X_block.T`` for tokens ``offset .. offset + vb - 1``.
+    zt, inv_norm, offset, best_val, best_idx
+        As in :func:`fold_smallest_margins`.
+    """
+    vb, nb = ZT.shape
+    k = best_val.shape[1]
+    for j in range(vb):
+        w = inv_norm[j]
+        if w == 0.0:
+            continue
+        for i in range(nb):
+            m = (np.float64(zt[i]) - np.float64(ZT[j, i])) * w
+            if m < best_val[i, k - 1]:
+                pos = k - 1
+                while pos > 0 and best_val[i, pos - 1] > m:
+                    best_val[i, pos] = best_val[i, pos - 1]
+                    best_idx[i, pos] = best_idx[i, pos - 1]
+                    pos -= 1
+                best_val[i, pos] = m
+                best_idx[i, pos] = offset + j
+
+
+@njit("void(float32[:, ::1], float32[:, ::1], float32[::1], float64[::1], float64[:, ::1], "
+      "int64[:, ::1])", readonly=(0,), nogil=True, fastmath=True)
+def scan_smallest_margins(WG, X, zt, inv_norm, best_val, best_idx):
+    """The ``k`` smallest normalised margins of a few points over every row of ``WG``, fused.
+
+    What the blocked product plus :func:`fold_smallest_margins_t` computes, in one pass that
+    reads each row once and keeps no logits buffer: for a handful of points the scan is
+    memory-bound, and BLAS's small-``n`` products are not (4 points against SmolLM2's 113 MB
+    ``W G``: about 10 ms here against 20-50 ms for the blocked products). The dot products
+    are float32 sums in any order (``fastmath``), as good a float32 product as BLAS's.
+
+    Parameters
+    ----------
+    WG : float32 (V, k), C-contiguous (read-only accepted)
+        Every row ``G^T w_s``.
+    X : float32 (n, k), C-contiguous
+        The points.
+    zt : float32 (n,)
+        ``X @ WG[t]``.
+    inv_norm : float64 (V,)
+        ``1 / |G^T (w_t - w_s)|`` (0 to skip).
+    best_val, best_idx : float64 (n, k), int64 (n, k), updated in place
+        As in :func:`fold_smallest_margins` (start at ``inf`` and -1); token ids are row ids.
+    """
+    V, d = WG.shape
+    n = X.shape[0]
+    k = best_val.shape[1]
+    for j in range(V):
+        w = inv_norm[j]
+        if w == 0.0:
+            continue
+        for i in range(n):
+            acc = np.float32(0.0)
+            for c in range(d):
+                acc += WG[j, c] * X[i, c]
+            m = (np.float64(zt[i]) - np.float64(acc)) * w
+            if m < best_val[i, k - 1]:
+                pos = k - 1
+                while pos > 0 and best_val[i, pos - 1] > m:
+                    best_val[i, pos] = best_val[i, pos - 1]
+                    best_idx[i, pos] = best_idx[i, pos - 1]
+                    pos -= 1
+                best_val[i, pos] = m
+                best_idx[i, pos] = j
 
 
 @njit("int64[::1](float64[:, ::1], float64[:, ::1], float64[:, ::1], float64[:, ::1], "

@@ -114,6 +114,41 @@ def test_fold_smallest_margins_matches_numpy():
     assert np.allclose(val, np.take_along_axis(M, order, 1))
 
 
+def test_scan_paths_match_numpy():
+    """The transposed fold and the fused few-point kernel give the k smallest margins, as the
+    row-major fold does; the cone's scan takes either path (few points or many) with one answer."""
+    from embgeom._rare_event import FUSED_SCAN_POINTS, _Cone
+
+    rng = np.random.default_rng(3)
+    V, d, n, k = 300, 9, 6, 4
+    WG = rng.standard_normal((V, d)).astype(np.float32)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    inv = np.abs(rng.standard_normal(V)) + 0.1
+    inv[[5, 77]] = 0.0
+    zt = X @ WG[0]
+    M = (zt[:, None].astype(np.float64) - (X.astype(np.float64) @ WG.T.astype(np.float64))) * inv
+    M[:, [5, 77]] = np.inf
+    order = np.argsort(M, axis=1, kind="stable")[:, :k]
+    val = np.full((n, k), np.inf)
+    idx = np.full((n, k), -1, dtype=np.int64)
+    for v0 in (0, 128):
+        ZT = np.ascontiguousarray(WG[v0:v0 + 128 if v0 == 0 else V] @ X.T)
+        _rare_kernels.fold_smallest_margins_t(ZT, zt, inv[v0:v0 + ZT.shape[0]], v0, val, idx)
+    assert np.array_equal(idx, order)
+    assert np.allclose(val, np.take_along_axis(M, order, 1), atol=1e-5)
+    val2 = np.full((n, k), np.inf)
+    idx2 = np.full((n, k), -1, dtype=np.int64)
+    WG_ro = WG.copy()
+    WG_ro.setflags(write=False)  # the pool's shared W G is read-only
+    _rare_kernels.scan_smallest_margins(WG_ro, X, zt, inv, val2, idx2)
+    assert np.array_equal(idx2, order)
+    assert np.allclose(val2, val, atol=1e-5)
+    cone = _Cone(WG, np.einsum("ij,ij->i", WG, WG, dtype=np.float64), WG, 0)
+    few, _ = cone.scan(X[:FUSED_SCAN_POINTS], 3)
+    many, _ = cone.scan(X, 3)
+    assert np.allclose(few, many[:FUSED_SCAN_POINTS], atol=1e-5)
+
+
 # -------------------------------------------------------------------------------- truth
 @pytest.mark.parametrize(
     "case",

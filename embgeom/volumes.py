@@ -30,7 +30,8 @@ from ._validation import check_positive, check_positive_int, check_probability, 
 from .cells import Decoder
 from .parallel import executor_scope, task_seed
 
-__all__ = ["CellVolumes", "cell_volumes", "binomial_interval", "wilson_interval",
+__all__ = ["CellVolumes", "cell_volumes", "vocabulary_cell_volumes",
+           "load_vocabulary_cell_volumes", "binomial_interval", "wilson_interval",
            "ConeMeasure", "log_cone_gaussian_measure"]
 
 
@@ -837,3 +838,247 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
     return {"log_fractions": log_f, "log_lower": log_lo, "log_upper": log_hi,
             "token_method": method, "n_runs": n_runs}, summary
 
+
+
+# --------------------------------------------------------------------------------------------
+# every cell of the vocabulary, resumable
+# --------------------------------------------------------------------------------------------
+#: Codes of ``token_method`` in the ``.npz`` of :func:`vocabulary_cell_volumes`.
+_METHOD_CODES = ("not estimated", "rare-event", "uniform", "empty")
+
+
+def _fingerprint(decoder: Decoder, G) -> str:
+    """SHA-256 of what the cells and their shares depend on: ``W`` (float32 bytes), the bias,
+    and the support's origin-ellipsoid map ``G`` (float64 bytes)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    W = np.ascontiguousarray(decoder.W_, dtype=np.float32)
+    h.update(repr(W.shape).encode())
+    h.update(W.tobytes())
+    h.update(b"bias:" + (b"none" if decoder.bias_ is None else
+                         np.ascontiguousarray(decoder.bias_, np.float32).tobytes()))
+    h.update(b"G:" + np.ascontiguousarray(np.asarray(G, np.float64)).tobytes())
+    return h.hexdigest()
+
+
+def _save_npz(path, arrays: dict, settings: dict) -> None:
+    """Write ``arrays`` and the JSON ``settings`` to ``path`` atomically (temp file + rename)."""
+    import json
+    import os
+
+    tmp = f"{path}.tmp.npz"
+    np.savez_compressed(tmp, settings=np.array(json.dumps(settings)), **arrays)
+    os.replace(tmp, path)
+
+
+def load_vocabulary_cell_volumes(path, decoder: Decoder | None = None, support=None) -> CellVolumes:
+    """The :class:`CellVolumes` kept in a ``.npz`` of :func:`vocabulary_cell_volumes`.
+
+    Parameters
+    ----------
+    path : str or path-like
+    decoder, support : optional
+        When given, the file must have been made for them (same ``W``, bias and support map
+        ``G``: a SHA-256 fingerprint), else ``ValueError``: a file of another model or support
+        is never read as this one's.
+
+    Returns
+    -------
+    CellVolumes
+        ``estimator="rare-event"``; tokens not done yet (an unfinished run) are
+        ``"not estimated"``. ``extra["vocabulary"]`` holds the file's settings, including
+        ``n_done`` and ``complete``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    ValueError
+        Not a file of :func:`vocabulary_cell_volumes`, or made for another decoder or support.
+    """
+    import json
+
+    with np.load(path, allow_pickle=False) as z:
+        if "settings" not in z.files:
+            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (no settings)")
+        settings = json.loads(str(z["settings"]))
+        a = {k: z[k] for k in z.files if k != "settings"}
+    if settings.get("kind") != "vocabulary_cell_volumes":
+        raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes")
+    if decoder is not None:
+        G = support.origin_ellipsoid_map() if support is not None else None
+        if G is None or _fingerprint(decoder, G) != settings["fingerprint"]:
+            raise ValueError(f"path: {path} was made for another decoder or support "
+                             "(fingerprint of W, bias and G differs)")
+    return _vocabulary_result(a, settings)
+
+
+def _vocabulary_result(a: dict, settings: dict) -> CellVolumes:
+    """A :class:`CellVolumes` from the arrays and settings of the ``.npz``."""
+    counts = a["counts"].astype(np.int64)
+    n = int(settings["n_samples"])
+    lower, upper = binomial_interval(counts, n, settings["confidence"], settings["interval"])
+    done = a["done"].astype(bool)
+    method = np.asarray(_METHOD_CODES)[a["token_method"].astype(np.int64)]
+    method[~done] = "not estimated"
+    logs = {k: np.where(done, a[k].astype(np.float64), np.nan)
+            for k in ("log_fractions", "log_lower", "log_upper")}
+    info = dict(settings["rare_event"])
+    info.update(token_sample=int(done.sum()), sample_is_all=bool(done.all()),
+                n_by_counts=int((method == "uniform").sum()))
+    root = np.random.SeedSequence(settings["seed_entropy"], spawn_key=tuple(settings["seed_spawn_key"]))
+    return CellVolumes(
+        fractions=counts / n, counts=counts, n_samples=n, lower=lower, upper=upper,
+        confidence=settings["confidence"], interval=settings["interval"],
+        support_log_volume=float(settings["support_log_volume"]), sampling="directions",
+        seed=root, seconds=float(settings.get("seconds", 0.0)), estimator="rare-event",
+        extra={"rare_event": info, "rare_event_n_runs": a["n_runs"].astype(np.int64),
+               "vocabulary": {k: v for k, v in settings.items() if k != "rare_event"}},
+        token_method=method, **logs)
+
+
+def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20_000, seed=0, *,
+                            chunk_size: int = 2048, n_chains: int = 128,
+                            target_se: float | None = 0.12, confidence: float = 0.95,
+                            interval: str = "clopper-pearson", rare_event_options: dict | None = None,
+                            max_chunks: int | None = None, n_jobs: int | None = None,
+                            executor="local", progress: bool = True) -> CellVolumes:
+    """Every token's cell share, in chunks saved to ``path`` as they finish (resumable).
+
+    The same estimate as ``cell_volumes(decoder, support, n_samples, seed, tokens=None,
+    method="auto", ...)`` (to float32; every token draws from its own seed, so the chunking
+    changes nothing): the uniform pass once, then the tokens whose count is not the tighter
+    estimate by rare-event splitting, ``chunk_size`` tokens at a time. After each chunk the
+    ``.npz`` is rewritten (temp file + rename: a run killed at any moment leaves the last
+    finished chunk); a rerun with the same arguments reads it and goes on from there. The file
+    keeps, per token, the log-share and its interval (float32, nats), the estimator that made
+    it, the splitting runs taken and the uniform count, with the settings and a fingerprint of
+    ``W``, bias and the support's map ``G``, so a file is never read for another model or
+    support (:func:`load_vocabulary_cell_volumes`).
+
+    Parameters
+    ----------
+    decoder : Decoder
+        Without bias (the cells must be cones).
+    support : Support
+        An origin-centred ellipsoid (origin ball, final-norm shell without bias).
+    path : str or path-like
+        The ``.npz`` to write (and to resume from).
+    n_samples : int, default 20000
+        Uniform points of the count pass.
+    seed : int >= 0 or numpy.random.SeedSequence, default 0
+        Root seed (recorded in the file; ``None`` is refused: a resumed run must draw the same).
+    chunk_size : int, default 2048
+        Tokens per saved chunk.
+    n_chains, target_se, confidence, interval, rare_event_options
+        As in :func:`cell_volumes`.
+    max_chunks : int, optional
+        Stop after this many new chunks (a bounded step of a long run).
+    n_jobs, executor, progress
+        As in :func:`cell_volumes` (``n_jobs=-1``: every CPU).
+
+    Returns
+    -------
+    CellVolumes
+        As :func:`load_vocabulary_cell_volumes` returns it (tokens of unfinished chunks
+        ``"not estimated"``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`cell_volumes`; a decoder with a bias or a support whose cells are not cones
+        through its centre; ``seed=None``; ``path`` holding a file of other settings (another
+        model, support, seed or budget: move it away).
+    """
+    import os
+
+    if seed is None:
+        raise ValueError("seed: expected an int >= 0 or a SeedSequence (a resumed run must draw "
+                         "what the first one drew), got None")
+    n_samples, _, confidence, n_chains, target_se, G, why_not, options = _check_cell_volume_args(
+        decoder, support, n_samples, 8192, confidence, interval, "rare-event", n_chains, None,
+        target_se, rare_event_options)
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    if max_chunks is not None:
+        max_chunks = check_positive_int(max_chunks, "max_chunks")
+    root = seed_sequence(seed)
+    V = decoder.n_tokens
+    settings = {"kind": "vocabulary_cell_volumes", "fingerprint": _fingerprint(decoder, G),
+                "n_tokens": V, "n_samples": n_samples, **_seed_record(root),
+                "n_chains": n_chains, "target_se": target_se, "confidence": confidence,
+                "interval": interval, "rare_event_options": options, "chunk_size": chunk_size,
+                "support": type(support).__name__}
+    t0 = time.perf_counter()
+    with executor_scope(executor, n_jobs) as ex:
+        a, settings = _vocabulary_state(path, settings, decoder, support, n_samples, root, ex,
+                                        confidence, interval, progress)
+        counted = _counts_suffice(a["counts"], n_samples, n_chains,
+                                  options.get("level_prob", 0.5), target_se)
+        todo = [j for j in range(0, V, chunk_size) if not a["done"][j:j + chunk_size].all()]
+        for j in todo[:max_chunks]:
+            ids = np.arange(j, min(V, j + chunk_size), dtype=np.int64)
+            split = ids[~counted[ids]]
+            logs, summary = _rare_event_logs(
+                decoder, G, split, task_seed(root, RARE_EVENT_KEY), n_chains=n_chains,
+                confidence=confidence, target_se=target_se, options=options, progress=progress,
+                executor=ex)
+            _vocabulary_chunk(a, ids, counted, logs, n_samples, confidence, interval)
+            settings["rare_event"] = {k: v for k, v in summary.items()
+                                      if k not in ("token_sample", "sample_is_all")} \
+                if split.size else settings.get("rare_event", summary)
+            settings["seconds"] = float(settings.get("seconds", 0.0) + time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            settings["n_done"] = int(a["done"].sum())
+            settings["complete"] = bool(a["done"].all())
+            _save_npz(os.fspath(path), a, settings)
+    return _vocabulary_result(a, settings)
+
+
+def _vocabulary_state(path, settings: dict, decoder, support, n_samples, root, ex, confidence,
+                      interval, progress):
+    """The arrays and settings of ``path`` when it is a run of these settings (resume), else a
+    fresh state with the uniform pass done and saved. ``ValueError`` for a file of others."""
+    import json
+    import os
+
+    fixed = ("kind", "fingerprint", "n_tokens", "n_samples", "seed_entropy", "seed_spawn_key",
+             "n_chains", "target_se", "confidence", "interval", "rare_event_options", "chunk_size")
+    if os.path.exists(path):
+        with np.load(path, allow_pickle=False) as z:
+            old = json.loads(str(z["settings"])) if "settings" in z.files else {}
+            arrays = {k: z[k].copy() for k in z.files if k != "settings"}
+        diff = [k for k in fixed if json.dumps(old.get(k)) != json.dumps(settings[k])]
+        if diff:
+            raise ValueError(f"path: {path} holds a run of other settings ({', '.join(diff)} "
+                             "differ); move it away or pass its settings")
+        return arrays, old
+    cv = cell_volumes(decoder, support, n_samples, root, confidence=confidence, interval=interval,
+                      method="uniform", progress=progress, executor=ex)
+    V = decoder.n_tokens
+    arrays = {"counts": cv.counts.astype(np.int64), "done": np.zeros(V, bool),
+              "log_fractions": np.full(V, np.nan, np.float32),
+              "log_lower": np.full(V, np.nan, np.float32), "log_upper": np.full(V, np.nan, np.float32),
+              "token_method": np.zeros(V, np.int8), "n_runs": np.zeros(V, np.int16)}
+    settings = {**settings, "support_log_volume": float(cv.support_log_volume), "n_done": 0,
+                "complete": False, "seconds": float(cv.seconds), "rare_event": {}}
+    _save_npz(os.fspath(path), arrays, settings)
+    return arrays, settings
+
+
+def _vocabulary_chunk(a: dict, ids, counted, logs: dict, n_samples, confidence, interval) -> None:
+    """Write one finished chunk into the arrays: split tokens from ``logs``, counted ones from
+    their uniform count."""
+    split = ids[~counted[ids]]
+    codes = {m: i for i, m in enumerate(_METHOD_CODES)}
+    for k in ("log_fractions", "log_lower", "log_upper"):
+        a[k][split] = logs[k][split]
+    a["token_method"][split] = [codes[str(m)] for m in logs["token_method"][split]]
+    a["n_runs"][split] = logs["n_runs"][split]
+    c_ids = ids[counted[ids]]
+    if c_ids.size:
+        lo, hi = binomial_interval(a["counts"][c_ids], n_samples, confidence, interval)
+        lf, llo, lhi = _uniform_logs(a["counts"][c_ids], n_samples, lo, hi)
+        a["log_fractions"][c_ids], a["log_lower"][c_ids], a["log_upper"][c_ids] = lf, llo, lhi
+        a["token_method"][c_ids] = codes["uniform"]
+    a["done"][ids] = True

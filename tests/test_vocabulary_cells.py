@@ -1,0 +1,67 @@
+"""Every cell of a vocabulary, in resumable chunks (``volumes.vocabulary_cell_volumes``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embgeom.cells import Decoder
+from embgeom.supports import Ball, Box
+from embgeom.volumes import cell_volumes, load_vocabulary_cell_volumes, vocabulary_cell_volumes
+
+
+def _case():
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((60, 5)).astype(np.float32)
+    return Decoder(W), Ball.from_params(np.zeros(5), 1.0)
+
+
+def test_chunked_resumed_run_equals_one_call_of_cell_volumes(tmp_path):
+    dec, ball = _case()
+    path = tmp_path / "cells.npz"
+    one = cell_volumes(dec, ball, 4000, 7, tokens=None, n_chains=32, progress=False)
+    part = vocabulary_cell_volumes(dec, ball, path, 4000, 7, chunk_size=16, n_chains=32,
+                                   max_chunks=2, progress=False)
+    assert part.extra["vocabulary"]["n_done"] == 32 and not part.extra["vocabulary"]["complete"]
+    assert (part.token_method[32:] == "not estimated").all()
+    assert np.isnan(part.log_fractions[32:]).all()
+    # resumed (on a pool of two: the same numbers), the rest done, the first chunks read back
+    full = vocabulary_cell_volumes(dec, ball, path, 4000, 7, chunk_size=16, n_chains=32,
+                                   n_jobs=2, progress=False)
+    assert full.extra["vocabulary"]["complete"]
+    for f in ("log_fractions", "log_lower", "log_upper"):
+        want = getattr(one, f).astype(np.float32).astype(np.float64)  # the file keeps float32
+        np.testing.assert_array_equal(getattr(full, f), want, err_msg=f)
+    np.testing.assert_array_equal(full.token_method, one.token_method)
+    np.testing.assert_array_equal(full.counts, one.counts)
+    np.testing.assert_array_equal(full.extra["rare_event_n_runs"], one.extra["rare_event_n_runs"])
+    # the three estimators all occur here: splitting, counts and cells proven empty
+    assert {"rare-event", "uniform", "empty"} <= set(full.token_method.tolist())
+    again = load_vocabulary_cell_volumes(path, dec, ball)
+    np.testing.assert_array_equal(again.log_fractions, full.log_fractions)
+    assert again.seed.entropy == one.seed.entropy
+
+
+def test_a_file_of_another_model_support_or_setting_is_refused(tmp_path):
+    dec, ball = _case()
+    path = tmp_path / "cells.npz"
+    vocabulary_cell_volumes(dec, ball, path, 2000, 3, chunk_size=30, n_chains=32, max_chunks=1,
+                            progress=False)
+    with pytest.raises(ValueError, match="another decoder or support"):
+        load_vocabulary_cell_volumes(path, Decoder(dec.W_ * 2), ball)
+    with pytest.raises(ValueError, match="another decoder or support"):
+        load_vocabulary_cell_volumes(path, dec, Ball.from_params(np.zeros(5), 2.0))
+    with pytest.raises(ValueError, match="seed_entropy"):
+        vocabulary_cell_volumes(dec, ball, path, 2000, 4, chunk_size=30, n_chains=32, progress=False)
+    with pytest.raises(ValueError, match="n_chains"):
+        vocabulary_cell_volumes(dec, ball, path, 2000, 3, chunk_size=30, n_chains=64, progress=False)
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    with pytest.raises(ValueError, match="not a file of vocabulary_cell_volumes"):
+        load_vocabulary_cell_volumes(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="seed"):
+        vocabulary_cell_volumes(dec, ball, tmp_path / "b.npz", 2000, None, progress=False)
+    with pytest.raises(ValueError, match="cones"):
+        vocabulary_cell_volumes(dec, Box.from_params(-np.ones(5), np.ones(5)), tmp_path / "c.npz",
+                                2000, 0, progress=False)
+    with pytest.raises(ValueError, match="chunk_size"):
+        vocabulary_cell_volumes(dec, ball, tmp_path / "d.npz", 2000, 0, chunk_size=0, progress=False)

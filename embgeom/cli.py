@@ -240,6 +240,11 @@ def _add_report_command(command, add_executor_arguments) -> None:
                      help="cram_summary.json (or its folder) of an `embgeom cram` run on this model, "
                      "for C_emp; 'auto': the newest under benchmarks/results/ or runs/; 'none': "
                      "do not look")
+    rep.add_argument("--all-cells", default="auto", metavar="NPZ",
+                     help="a file of every token's cell share (benchmarks/all_cells.py) for lambda "
+                     "from all tokens and the smallest and largest cells; 'auto': the files under "
+                     "benchmarks/results/all_cells/ (used when made for this model and support); "
+                     "'none': do not look")
     add_executor_arguments(rep)
 
 
@@ -437,6 +442,9 @@ def _cmd_report(args) -> dict:
         summary = given / "cram_summary.json" if given.is_dir() else given
         if summary.is_file():
             _check_text_file(summary, "--cram-summary", "an `embgeom cram` summary")
+    if args.all_cells not in ("auto", "none") and not Path(args.all_cells).expanduser().is_file():
+        raise UsageError(f"--all-cells: no such file {args.all_cells} (a .npz of "
+                         "benchmarks/all_cells.py; 'auto' or 'none')")
     executor = _executor(args)
     from .report import build_report
 
@@ -444,6 +452,7 @@ def _cmd_report(args) -> dict:
               n_cell_samples=args.cell_samples, seed=args.seed,
               cache_dir=None if args.no_cache else (args.cache_dir or "auto"),
               cram_summary=None if args.cram_summary == "none" else args.cram_summary,
+              vocabulary=None if args.all_cells == "none" else args.all_cells,
               progress=_progress(args))
     _pass_executor(build_report, kw, executor)
     _log.info("report on %s into %s", args.model, out)

@@ -849,7 +849,7 @@ _METHOD_CODES = ("not estimated", "rare-event", "uniform", "empty")
 
 def _fingerprint(decoder: Decoder, G) -> str:
     """SHA-256 of what the cells and their shares depend on: ``W`` (float32 bytes), the bias,
-    and the support's origin-ellipsoid map ``G`` (float64 bytes)."""
+    and the support's origin-ellipsoid map ``G`` up to scale (float32 bytes of ``G / max|G|``)."""
     import hashlib
 
     h = hashlib.sha256()
@@ -858,7 +858,10 @@ def _fingerprint(decoder: Decoder, G) -> str:
     h.update(W.tobytes())
     h.update(b"bias:" + (b"none" if decoder.bias_ is None else
                          np.ascontiguousarray(decoder.bias_, np.float32).tobytes()))
-    h.update(b"G:" + np.ascontiguousarray(np.asarray(G, np.float64)).tobytes())
+    # the cells are cones: their shares of G B do not change when G is scaled, so G enters up
+    # to scale (divided by its largest entry: r I of any radius r gives the same I exactly)
+    G = np.asarray(G, np.float64)
+    h.update(b"G:" + np.ascontiguousarray(G / np.abs(G).max(), dtype=np.float32).tobytes())
     return h.hexdigest()
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from embgeom.cells import Decoder
-from embgeom.supports import Ball, Box
+from embgeom.supports import Ball, Box, Ellipsoid
 from embgeom.volumes import cell_volumes, load_vocabulary_cell_volumes, vocabulary_cell_volumes
 
 
@@ -50,7 +50,11 @@ def test_a_file_of_another_model_support_or_setting_is_refused(tmp_path):
     with pytest.raises(ValueError, match="another decoder or support"):
         load_vocabulary_cell_volumes(path, Decoder(dec.W_ * 2), ball)
     with pytest.raises(ValueError, match="another decoder or support"):
-        load_vocabulary_cell_volumes(path, dec, Ball.from_params(np.zeros(5), 2.0))
+        load_vocabulary_cell_volumes(path, dec, Ellipsoid.from_params(np.zeros(5),
+                                                                      semi_axes=[1, 1, 1, 1, 2.0]))
+    # the shares of cones do not depend on the ball's radius: the file is this ball's too
+    big = load_vocabulary_cell_volumes(path, dec, Ball.from_params(np.zeros(5), 1e150))
+    assert big.extra["vocabulary"]["n_done"] == 30
     with pytest.raises(ValueError, match="seed_entropy"):
         vocabulary_cell_volumes(dec, ball, path, 2000, 4, chunk_size=30, n_chains=32, progress=False)
     with pytest.raises(ValueError, match="n_chains"):
@@ -65,3 +69,37 @@ def test_a_file_of_another_model_support_or_setting_is_refused(tmp_path):
                                 2000, 0, progress=False)
     with pytest.raises(ValueError, match="chunk_size"):
         vocabulary_cell_volumes(dec, ball, tmp_path / "d.npz", 2000, 0, chunk_size=0, progress=False)
+
+
+def test_the_report_uses_the_file_of_its_own_model_and_support(tmp_path):
+    from embgeom.report._cells import cells_markdown, cells_report_section
+
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((12, 5)).astype(np.float32)
+    dec = Decoder(W)
+    path = tmp_path / "cells.npz"
+    full = vocabulary_cell_volumes(dec, Ball.from_params(np.zeros(5), 1.0), path, 3000, 2,
+                                   chunk_size=5, n_chains=32, progress=False)
+    other = tmp_path / "other.npz"  # another model's file comes first and is passed over
+    vocabulary_cell_volumes(Decoder(W[::-1].copy()), Ball.from_params(np.zeros(5), 1.0), other,
+                            3000, 2, n_chains=32, progress=False)
+    ball = Ball.from_params(np.zeros(5), 3.0)  # the report's fitted ball: another radius
+    section = cells_report_section(dec, ball, 3000, 2, tmp_path / "rep", unargmaxable="off",
+                                   progress=False, vocabulary=[other, path])
+    v = section["vocabulary"]
+    assert v["path"] == str(path) and v["complete"] and v["n_done"] == 12
+    fin = np.sort(full.log_fractions[np.isfinite(full.log_fractions)])
+    assert [r["log_share"] for r in v["smallest"]] == fin[:20].tolist()
+    assert [r["log_share"] for r in v["largest"]] == fin[::-1][:20].tolist()
+    assert v["lambda_all"] == full.cell_volume_rate().rate
+    assert (tmp_path / "rep" / v["histogram"]).is_file()
+    assert "Every cell (12 tokens" in cells_markdown(section, "ball_origin")
+    # only other models' files: no section; an unfinished file of this model: named, not used
+    assert cells_report_section(dec, ball, 3000, 2, tmp_path / "rep", unargmaxable="off",
+                                progress=False, vocabulary=[other])["vocabulary"] is None
+    part = tmp_path / "part.npz"
+    vocabulary_cell_volumes(dec, ball, part, 3000, 2, chunk_size=5, n_chains=32, max_chunks=1,
+                            progress=False)
+    v = cells_report_section(dec, ball, 3000, 2, tmp_path / "rep", unargmaxable="off",
+                             progress=False, vocabulary=part)["vocabulary"]
+    assert v == {"path": str(part), "complete": False, "n_done": 5}

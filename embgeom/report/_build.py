@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import platform
 import time
 from pathlib import Path
@@ -77,6 +78,7 @@ def build_report(
     cache_dir="auto",
     progress: bool = True,
     executor="local",
+    vocabulary="auto",
 ) -> dict:
     """Run the whole accessibility report on one model and write it to ``out_dir``.
 
@@ -121,6 +123,13 @@ def build_report(
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
         Where the cell-volume chunks, the rare-event token chunks and the unargmaxable scan run
         (:mod:`embgeom.parallel`); the same numbers on every executor.
+    vocabulary : None, "auto", str, Path or a list of them, default "auto"
+        ``.npz`` files of every token's cell share
+        (:func:`embgeom.volumes.vocabulary_cell_volumes`, ``benchmarks/all_cells.py``); the
+        first complete one made for this model's unembedding and the cells' support adds lambda
+        from all tokens, the smallest and largest cells and a histogram over every token to the
+        cells section. ``"auto"``: the files under ``benchmarks/results/all_cells/`` of the
+        working directory; None: none.
 
     Returns
     -------
@@ -155,6 +164,7 @@ def build_report(
     seed = check_positive_int(seed, "seed", minimum=0)
     if cram_summary not in (None, "auto"):  # a bad path fails before the model loads
         read_cram_summary(cram_summary)
+    vocabulary = _vocabulary_files(vocabulary)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     with _timed(timings, "load_model"):
@@ -173,7 +183,7 @@ def build_report(
 
         with executor_scope(executor) as ex:  # one connection for both workloads
             cells_section, cv = _cells_phase(loaded, u, fitted, size, seed, out, progress,
-                                             executor=ex)
+                                             executor=ex, vocabulary=vocabulary)
     with _timed(timings, "bounds"):
         cram = _cram_phase(cram_summary, loaded.name)
         bounds_section = _bounds_phase(loaded, u, model_facts, fitted, geo, sup_section,
@@ -314,8 +324,26 @@ def _supports_phase(samples: dict, u, geo: dict, size: dict, seed: int, out: Pat
     return section, fitted
 
 
+#: Folder (relative to the working directory) searched by ``vocabulary="auto"``.
+VOCABULARY_SEARCH_DIR = "benchmarks/results/all_cells"
+
+
+def _vocabulary_files(vocabulary) -> list | None:
+    """The whole-vocabulary files to try: ``"auto"`` globs :data:`VOCABULARY_SEARCH_DIR`."""
+    if vocabulary is None:
+        return None
+    if isinstance(vocabulary, str) and vocabulary == "auto":
+        return sorted(Path(VOCABULARY_SEARCH_DIR).glob("*.npz")) or None
+    paths = [vocabulary] if isinstance(vocabulary, (str, os.PathLike)) else list(vocabulary)
+    for p in paths:  # a file named by the caller must exist (a typo fails before the model loads)
+        if not Path(p).expanduser().is_file():
+            raise FileNotFoundError(f"vocabulary: no such file {p} (a .npz of "
+                                    "vocabulary_cell_volumes, benchmarks/all_cells.py)")
+    return [Path(p).expanduser() for p in paths]
+
+
 def _cells_phase(loaded, u, fitted: dict, size: dict, seed: int, out: Path, progress: bool,
-                 executor="local"):
+                 executor="local", vocabulary=None):
     """5. decoder cells: ``(section, CellVolumes)``.
 
     With no bias every cell is a cone, so its share of an origin-centred ball is its
@@ -328,7 +356,7 @@ def _cells_phase(loaded, u, fitted: dict, size: dict, seed: int, out: Path, prog
     section, cv = cells_report_section(
         decoder, fitted[name], size["cell_samples"], seed, out, tokenizer=loaded.tokenizer,
         unargmaxable=size["unargmaxable"], progress=progress, return_volumes=True,
-        tokens=size["cell_tokens"], executor=executor)
+        tokens=size["cell_tokens"], executor=executor, vocabulary=vocabulary)
     section["support"] = name
     section["markdown"] = cells_markdown(section, name)
     return section, cv

@@ -87,7 +87,7 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
                          tokenizer=None, *, unargmaxable: str = "full", max_lp: int | None = 200,
                          lp_time_limit: float = 60.0, top_k: int = 20, progress: bool = True,
                          return_volumes: bool = False, method: str = "auto", tokens="auto",
-                         executor="local"):
+                         executor="local", vocabulary=None):
     """The cells section of the report: cell shares, the largest cells, unargmaxable tokens.
 
     Writes ``cell_fractions.npy`` (float64 (|V|,)), ``cell_log_shares.npz`` (the estimated
@@ -122,6 +122,13 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
         where the cells are cones through the support's centre, uniform counts elsewhere.
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
         Where the cell-volume chunks and the unargmaxable scan run (same results on each).
+    vocabulary : path-like, sequence of path-likes, or None
+        ``.npz`` files of :func:`embgeom.volumes.vocabulary_cell_volumes` (every token's share).
+        The first one made for this decoder and support (its fingerprint of ``W``, bias and
+        ``G`` matches) and complete adds ``section["vocabulary"]``: lambda from all tokens
+        beside lambda from the sample, the 20 smallest and 20 largest cells with their token
+        strings, and ``cell_histogram_all.png`` over every token. Files of other models or
+        supports are passed over; an unfinished one is named with its progress.
 
     Returns
     -------
@@ -186,8 +193,79 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
         "top1pct_share": cv.top_share(0.01),
         "top1pct_share_equal_cells": cv.top_share_if_equal(0.01),
         "volumes": cv.to_dict(),
+        "vocabulary": vocabulary_section(vocabulary, decoder, support, cv, out, tokenizer),
     }
     return (section, cv) if return_volumes else section
+
+
+def vocabulary_section(paths, decoder: Decoder, support, cv, out: Path, tokenizer=None,
+                       k: int = 20) -> dict | None:
+    """The whole-vocabulary part of the cells section, from the first matching complete file.
+
+    Returns None when no file is given or none was made for this decoder and support; else a
+    dict: ``path``, ``complete``, ``n_done``, and for a complete file ``lambda_all`` and
+    ``lambda_sample`` (nats per token, :meth:`CellVolumes.cell_volume_rate`), ``smallest`` and
+    ``largest`` (``k`` each: token id, string, log-share and interval, nats), ``methods``
+    (tokens per estimator), ``histogram`` (file name) and ``settings`` (budget and seed).
+    """
+    from ..volumes import load_vocabulary_cell_volumes
+
+    if paths is None:
+        return None
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    partial = None
+    for p in paths:
+        try:
+            full = load_vocabulary_cell_volumes(p, decoder, support)
+        except (ValueError, OSError, KeyError):  # another model or support, or not such a file
+            continue
+        info = full.extra["vocabulary"]
+        if not info.get("complete"):
+            partial = partial or {"path": str(p), "complete": False, "n_done": int(info["n_done"])}
+            continue
+        fin = np.flatnonzero(np.isfinite(full.log_fractions))
+        order = fin[np.argsort(full.log_fractions[fin], kind="stable")]
+        n_small = min(k, order.size)
+        picks = np.concatenate([order[:k], order[::-1][:k]])
+        names = (tokenizer.convert_ids_to_tokens([int(t) for t in picks])
+                 if tokenizer is not None and hasattr(tokenizer, "convert_ids_to_tokens")
+                 else [None] * picks.size)
+        rows = [{"token_id": int(t), "token": None if n is None else str(n),
+                 "log_share": float(full.log_fractions[t]), "log_lower": float(full.log_lower[t]),
+                 "log_upper": float(full.log_upper[t])} for t, n in zip(picks, names)]
+        hist = out / "cell_histogram_all.png"
+        full.histogram(path=hist)
+        return {"path": str(p), "complete": True, "n_done": int(info["n_done"]),
+                "lambda_all": float(full.cell_volume_rate().rate),
+                "lambda_sample": float(cv.cell_volume_rate().rate),
+                "smallest": rows[:n_small], "largest": rows[n_small:],
+                "methods": {str(m): int((full.token_method == m).sum())
+                            for m in np.unique(full.token_method)},
+                "histogram": hist.name,
+                "settings": {key: info.get(key) for key in
+                             ("n_chains", "target_se", "n_samples", "seed_entropy", "seconds")}}
+    return partial
+
+
+def vocabulary_markdown(v: dict | None) -> list[str]:
+    """Lines of report.md on the whole-vocabulary file (none without one)."""
+    if not v:
+        return []
+    if not v["complete"]:
+        return ["", f"Every cell: `{v['path']}` is unfinished ({v['n_done']:,} tokens done); "
+                "rerun benchmarks/all_cells.py to complete it."]
+    s = v["settings"]
+    budget = (f"{s['n_chains']} chains per run, "
+              + ("one run per token" if s["target_se"] is None else f"target_se {s['target_se']}"))
+    lines = ["", f"Every cell ({v['n_done']:,} tokens, `{v['path']}`, {budget}): lambda from all "
+             f"tokens {fmt(v['lambda_all'])} nats/token, from the sample "
+             f"{fmt(v['lambda_sample'])}.", "", "Smallest and largest cells (log-share, nats):", ""]
+    lines.append(md_table(["smallest", "log-share", "largest", "log-share"],
+                          [[f"{a['token']!r} ({a['token_id']})", fmt(a["log_share"]),
+                            f"{b['token']!r} ({b['token_id']})", fmt(b["log_share"])]
+                           for a, b in zip(v["smallest"], v["largest"])]))
+    lines += ["", f"![every cell, per-token histogram]({v['histogram']})"]
+    return lines
 
 
 def _equal_cells(section: dict) -> str:
@@ -271,5 +349,6 @@ def cells_markdown(section: dict, support_name: str) -> str:
     lines += ["", f"![cell shares, rank plot]({section['figure']})"]
     if section.get("histogram"):
         lines += ["", f"![cell shares, per-token histogram]({section['histogram']})"]
+    lines += vocabulary_markdown(section.get("vocabulary"))
     return "\n".join(lines)
 

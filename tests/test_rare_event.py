@@ -252,6 +252,62 @@ def test_working_set_with_redundant_rows():
     assert abs(r.log_share[0] - lt) <= min(0.3, 4 * r.std_err[0])
 
 
+def test_check_screen_keeps_the_scan_verdict():
+    """A full check screened by known rows (earlier chains' cutting rows) gives every point the
+    scan's verdict, scans only the points that pass the screen, and a screened-out point's
+    first margin is its true margin on that row."""
+    from embgeom._rare_event import _Cone
+
+    rng = np.random.default_rng(12)
+    W = rng.standard_normal((400, 6)).astype(np.float32)
+    X = rng.standard_normal((3000, 6))
+    t = int(np.bincount(Decoder(W).assign(X.astype(np.float32))).argmax())
+    cone = _Cone(W, np.einsum("ij,ij->i", W, W, dtype=np.float64), W, t)
+    full, _ = cone.scan(X, 4)
+    near = np.unique(cone.scan(X[full[:, 0] < 0], 1)[1][:, 0])  # rows that cut points off
+    known = np.unique(rng.choice(near, max(1, near.size // 2), replace=False))
+    val, ids, scanned = cone.check(X, 4, known)
+    assert np.array_equal(val[:, 0] >= 0, full[:, 0] >= 0)  # the verdicts
+    assert np.all(scanned[full[:, 0] >= 0]) and 0 < (~scanned).sum() < (full[:, 0] < 0).sum()
+    np.testing.assert_allclose(val[scanned], full[scanned], atol=1e-5)  # float32 products
+    out = ~scanned
+    assert np.all(np.isin(ids[out, 0], known))
+    margins = np.einsum("ij,ij->i", X[out], W[t] - W[ids[out, 0]]) * cone.inv_norm[ids[out, 0]]
+    np.testing.assert_allclose(val[out, 0], margins, atol=1e-4)
+
+
+def test_later_runs_start_from_the_working_set(monkeypatch):
+    """With target_se, a token's later runs start from the working set its earlier runs found
+    and skip the probes: far fewer points checked against all of W per run than the first run
+    alone, and the runs' average stays unbiased for p (log of the mean of p over seeds within
+    noise of the truth) with honest intervals."""
+    from embgeom import _rare_event
+
+    W, lt = orthant(15, 24, seed=2, n_redundant=3000)
+    sizes = []
+    scan = _rare_event._Cone.scan
+
+    def counting(self, X, k):
+        sizes.append(X.shape[0])
+        return scan(self, X, k)
+
+    monkeypatch.setattr(_rare_event._Cone, "scan", counting)
+    one = log_cone_gaussian_measure(W, [0], n_chains=128, max_constraints=256, seed=4)
+    probes_one, sizes[:] = sum(n <= 4 for n in sizes), []
+    many = log_cone_gaussian_measure(W, [0], n_chains=128, max_constraints=256, seed=4, target_se=0.1)
+    assert many.n_runs[0] >= 4 and many.side[0] == "two-sided"
+    assert probes_one >= 4 and sum(n <= 4 for n in sizes) == probes_one  # run 0's probes only
+    monkeypatch.undo()
+    assert abs(many.log_share[0] - lt) <= min(0.3, 4 * many.std_err[0])
+    r = [log_cone_gaussian_measure(W, [0], n_chains=128, max_constraints=256, seed=s, target_se=0.25)
+         for s in range(40)]
+    err = np.array([x.log_share[0] - lt for x in r])
+    cover = np.mean([x.log_lower[0] <= lt <= x.log_upper[0] for x in r])
+    log_mean_p = err.max() + np.log(np.mean(np.exp(err - err.max())))
+    assert abs(log_mean_p) < 0.12, (log_mean_p, err)
+    assert cover >= 0.85, (cover, err)
+
+
 def test_subset_without_full_check_is_an_upper_bound():
     W, lt = orthant(10, 16, seed=3, n_redundant=500)
     # cap the working set below the 10 facets: the subset cone is larger than the cell

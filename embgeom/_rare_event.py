@@ -94,6 +94,9 @@ PROBE_EVERY = 2
 #: tokens 0.2 instead of 0.05 cut the points scanned against all of W per token from 725 to 328
 #: (fewer counted runs falling back to levels on the full margin) and the cost by a quarter.
 PILOT_MIN_FULL = 0.2
+#: Chains of the pilot run (n_chains when fewer): it only chooses the working set, and a pilot
+#: of 1,024 chains cost as much as the run it served (more rejected checks, up to the cap).
+PILOT_CHAINS = 128
 #: Margins kept per chain of a full check: the rows among them screen later checks (8 caught
 #: about half of the chains outside the cell in later SmolLM2 runs, 32 about two thirds).
 CHECK_K = 32
@@ -150,8 +153,9 @@ class ConeMeasure:
     n_runs : numpy.ndarray of int64, shape (T,)
         Independent splitting runs of ``n_chains`` chains each that the token took (1 without
         ``target_se``; 0 for cells found empty before any run), the pilot included (with a
-        working set one more run chooses the working set and is not counted in the estimate,
-        :func:`_token_runs`): its budget is ``n_runs * n_chains`` chains. ``n_levels`` and
+        working set one more run, of ``min(n_chains, PILOT_CHAINS)`` chains, chooses the working
+        set and is not counted in the estimate, :func:`_token_runs`): its budget is at most
+        ``n_runs * n_chains`` chains. ``n_levels`` and
         ``log_check_fraction`` are those of the first counted run, ``n_full_checks`` the sum
         over all runs, ``n_constraints_used`` the largest.
     confidence : float
@@ -922,8 +926,9 @@ def log_cone_gaussian_measure(
         it without probes: unbiased, and uncorrelated with each other (:func:`_token_runs`).
     max_runs : int, default 32
         Cap on the counted runs per token (>= 1) when ``target_se`` is set: no token costs
-        more than ``max_runs * n_chains`` chains, plus one pilot run with a working set; a token
-        that reaches the cap keeps its larger error.
+        more than ``max_runs * n_chains`` chains, plus a pilot of at most
+        :data:`PILOT_CHAINS` with a working set; a token that reaches the cap keeps its larger
+        error.
     progress : bool, default False
         tqdm bar over tokens.
 
@@ -1101,7 +1106,8 @@ def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
     log p, std_err, degrees of freedom, pilot)``: ``runs`` the counted runs' results
     (:meth:`_Splitter.result`), ``pilot`` the pilot's (None without a working set).
 
-    With a working set, run 0 is a *pilot*: it chooses the working set (probes, and the rows
+    With a working set, run 0 is a *pilot* (:data:`PILOT_CHAINS` chains, or ``n_chains`` if
+    fewer): it chooses the working set (probes, and the rows
     that cut off the chains of a rejected full check), and its own estimate is not used. Every
     counted run (``j >= 1``, at least one, at most ``max_runs``) starts from the pilot's working
     set, probes nothing and adds no constraint; a full check that finds too few chains in the
@@ -1146,6 +1152,8 @@ def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
             f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
         )
     runs = []  # (log p, se, side, levels, |S|, checked, log check) per run
+    # the pilot: PILOT_CHAINS chains (n_chains if fewer; >= 2 per group)
+    pilot_chains = min(n_chains, max(2, PILOT_CHAINS // n_groups) * n_groups)
     carried = [None, np.zeros(0, dtype=np.int64)]  # the next runs' starting working set, known rows
 
     def batch(js):
@@ -1156,7 +1164,8 @@ def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
             ss = seed_t if j == 0 else np.random.SeedSequence(
                 seed_t.entropy, spawn_key=(*seed_t.spawn_key, j - 1), pool_size=seed_t.pool_size)
             sps.append(_Splitter(
-                cone, np.random.default_rng(ss), n_chains=n_chains, n_groups=n_groups,
+                cone, np.random.default_rng(ss), n_groups=n_groups,
+                n_chains=pilot_chains if j == 0 and working else n_chains,
                 level_prob=level_prob, n_moves=n_moves, move=move, working=working,
                 full_check=full_check, max_constraints=max_constraints, probe_k=probe_k,
                 n_probes=n_probes, max_levels=max_levels,
@@ -1201,8 +1210,9 @@ def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
         pilot, j0 = runs.pop(), 1
         if pilot[2] in ("empty", "unresolved"):  # proved the cell empty, or gave up
             return [pilot], pilot[0], pilot[1], n_groups - 1, None
-        # the first batch planned from the pilot's error (a run of the same size)
-        first = 1 if target_se is None else min(max_runs, max(1, round((pilot[1] / target_se) ** 2)))
+        # the first batch planned from the pilot's error (scaled to runs of n_chains chains)
+        x = (pilot[1] / target_se) ** 2 * pilot_chains / n_chains if target_se is not None else 1
+        first = min(max_runs, max(1, round(x)))
         batch(range(1, 1 + first))
     else:
         batch([0])

@@ -277,10 +277,10 @@ def test_check_screen_keeps_the_scan_verdict():
 
 
 def test_later_runs_start_from_the_working_set(monkeypatch):
-    """With target_se, a token's later runs start from the working set its earlier runs found
-    and skip the probes: far fewer points checked against all of W per run than the first run
-    alone, and the runs' average stays unbiased for p (log of the mean of p over seeds within
-    noise of the truth) with honest intervals."""
+    """With a working set, a pilot run chooses it (probes, rejected checks) and the counted runs
+    start from it without probes: the only probes are the pilot's (run 0, the same draws as a
+    one-run call), and the counted runs' average is unbiased for p (log of the mean of p over
+    seeds within noise of the truth) with honest intervals."""
     from embgeom import _rare_event
 
     W, lt = orthant(15, 24, seed=2, n_redundant=3000)

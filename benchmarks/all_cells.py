@@ -56,12 +56,13 @@ def model_parts(model: str, support: str):
     loaded = load_model(model)
     u = unembedding(loaded)
     dec = Decoder.from_unembedding(u)
-    if support == "ball":  # the shares of an origin ball do not depend on its radius
-        sup = Ball.from_params(np.zeros(dec.dim), 1.0)
-    else:
-        sup = support_from_final_norm(u)
-        if sup.origin_ellipsoid_map() is None:
-            raise SystemExit("the final-norm shell has a bias: its cells are not cones")
+    # the shares of an origin ball do not depend on its radius
+    builders = {"ball": lambda: Ball.from_params(np.zeros(dec.dim), 1.0),
+                "shell": lambda: support_from_final_norm(u)}
+    sup = builders[support]()
+    if sup.origin_ellipsoid_map() is None:
+        raise SystemExit(f"the {support} support is not an origin-centred ellipsoid (a bias?): "
+                         "its cells are not cones")
     return dec, sup, getattr(loaded, "tokenizer", None)
 
 
@@ -102,7 +103,7 @@ def summarize(cv, dec, sup, tok, args, short) -> dict:
     sample = ROOT / "benchmarks" / "results" / f"{short}_lambda.json"
     if sample.is_file():
         out["lambda_sample_file"] = str(sample.relative_to(ROOT))
-        out["lambda_sample"] = json.loads(sample.read_text()).get(args.support if args.support != "ball" else "ball")
+        out["lambda_sample"] = json.loads(sample.read_text()).get(args.support)
     fin = np.flatnonzero(np.isfinite(cv.log_fractions))
     order = fin[np.argsort(cv.log_fractions[fin])]
     names = (tok.convert_ids_to_tokens([int(t) for t in order]) if tok is not None else

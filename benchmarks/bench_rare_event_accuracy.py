@@ -17,13 +17,21 @@ Three parts (issue 22, items 3 and 4), each written to ``benchmarks/results/rare
 
 ``bias``  The default against a second, independent estimator written here for the check
     (:func:`reference_log_share`): fixed-level splitting with levels from a pilot run, pooled
-    multinomial resampling of every chain, LIN-ESS moves (the default uses adaptive multilevel
-    splitting with kill-and-copy, resampling within groups, reflected Hamiltonian moves and a
-    working set). Fixed levels make the product of fractions unbiased for ``p`` with any
-    invariant move (Del Moral, *Feynman-Kac formulae*, 2004, Sec. 3.5), whatever the pilot's
-    levels. Tokens of random Gaussian decoders (|V| = 4,000 > the 2,048-constraint cap, so the
-    default takes its working-set path; d = 16, 32), shares about ``e^-2`` to ``e^-20``; the
-    mean of (default - reference) over tokens is the systematic bias.
+    multinomial resampling of every chain, elliptical-slice moves on *every* constraint with
+    this file's own kernel (:func:`_arc_angles`; the default uses adaptive multilevel
+    splitting with kill-and-copy, resampling within groups, one reflected Hamiltonian move per
+    level and a working set of at most 2,048 constraints with a full check). Fixed levels make
+    the product of fractions unbiased for ``p`` with any invariant move (Del Moral,
+    *Feynman-Kac formulae*, 2004, Sec. 3.5), whatever the pilot's levels; the reference is
+    itself checked on orthants of known share with redundant rows (``reference_truth``). Three
+    configurations, each of |V| = 4,000 rows (> the 2,048-constraint cap, so the default takes
+    its working-set path): random Gaussian decoders (d = 16, 32; tokens with a non-empty cone,
+    by an LP), and a seeded random sub-vocabulary of 4,000 rows of SmolLM2-135M's unembedding
+    (d = 576, origin ball; one token from each of ``--smollm2-tokens`` equal strata of the row
+    norm, for a spread of shares). The default runs ``--default-seeds`` times per token (their
+    mean log-share is compared); the mean of (default - reference) over tokens, with its
+    standard error over tokens, is the systematic bias. ``--reuse-reference`` reruns only the
+    default (e.g. with ``--rare-event-options``) against the references of an earlier run.
 
 ``cost``  Seconds per token (one thread) of the default at 128 chains and of 1,024 chains, on
     SmolLM2-135M's unembedding (origin ball) when ``--w-npy`` gives it (float32 ``(V, d)``),
@@ -32,7 +40,11 @@ Three parts (issue 22, items 3 and 4), each written to ``benchmarks/results/rare
 
 Usage (single-threaded: ``OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1``):
     .venv/bin/python benchmarks/bench_rare_event_accuracy.py truth [--quick] [--seeds 50]
-    .venv/bin/python benchmarks/bench_rare_event_accuracy.py bias [--quick]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_rare_event_accuracy.py bias [--quick]
+        [--configs gauss16,gauss32,smollm2] [--tokens-per-config 12] [--default-seeds 3]
+        [--ref-chains 512 --ref-reps 4 --ref-moves 10] [--ref-truth-seeds 4]
+        [--ref-truth-highd-seeds 2] [--reuse-reference benchmarks/results/rare_event/bias.json]
+        [--rare-event-options '{"n_moves": 2}' --tag moves2] [--w-npy W.npy]
     .venv/bin/python benchmarks/bench_rare_event_accuracy.py cost --w-npy W.npy [--tokens 8]
         [--label after]
 """
@@ -46,13 +58,13 @@ import os
 import sys
 import time
 
+import numba
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if not any(os.path.isdir(os.path.join(p, "embgeom")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(HERE, ".."))
 
-from embgeom import _rare_kernels  # noqa: E402
 from embgeom.cells import Decoder  # noqa: E402
 from embgeom.supports import Ball  # noqa: E402
 from embgeom.volumes import cell_volumes  # noqa: E402
@@ -167,14 +179,57 @@ def _unit_constraints(W, t):
     return A / np.linalg.norm(A, axis=1, keepdims=True)
 
 
+@numba.njit(nogil=True, cache=True)
+def _arc_angles(P, Q, c, u):  # pragma: no cover - compiled
+    """One elliptical-slice angle per chain, uniform on the feasible arc through the chain.
+
+    Chain ``i``'s ellipse is ``x cos(theta) + nu sin(theta)``; constraint ``s`` holds where
+    ``P[i, s] cos(theta) + Q[i, s] sin(theta) + c >= 0``. ``theta = 0`` (the chain) is feasible,
+    so each constraint forbids one open arc inside ``(0, 2 pi)``, centred at
+    ``atan2(Q, P) + pi`` with half-width ``acos(c / R)``, ``R = |(P, Q)|``. The feasible arc
+    through 0 runs from the last forbidden end to the first forbidden start, ``[hi_max - 2 pi,
+    lo_min]``; the angle is uniform on it (``u`` uniform in [0, 1)). Uniform on that arc is
+    reversible for the Gaussian on the ellipse restricted to the domain (the arc seen from the
+    new point is the same arc), so each move leaves ``N(0, I)`` restricted to the domain
+    invariant; unlike :func:`embgeom._rare_kernels.ess_angles` (uniform on every feasible arc,
+    sorted) no sort is needed: O(M) per chain.
+    """
+    N, M = P.shape
+    two_pi = 2.0 * math.pi
+    c2 = c * c
+    theta = np.empty(N)
+    for i in range(N):
+        lo_min = two_pi
+        hi_max = 0.0
+        for s in range(M):
+            p = P[i, s]
+            q = Q[i, s]
+            r2 = p * p + q * q
+            if r2 <= c2:
+                continue  # the whole ellipse satisfies this constraint
+            half = math.acos(c / math.sqrt(r2))
+            centre = math.atan2(q, p) + math.pi
+            a = centre - half
+            b = centre + half
+            if a < lo_min:
+                lo_min = a
+            if b > hi_max:
+                hi_max = b
+        lo = max(lo_min, 0.0)
+        hi = min(hi_max, two_pi)
+        length = lo + two_pi - hi
+        theta[i] = hi - two_pi + u[i] * length if length > 0.0 else 0.0
+    return theta
+
+
 def _ess_moves(X, A, shift, n_moves, rng):
-    """``n_moves`` exact LIN-ESS steps of every chain inside ``{A x + shift >= 0}``."""
+    """``n_moves`` exact elliptical-slice steps (:func:`_arc_angles`) of every chain inside
+    ``{A x + shift >= 0}``; ``P = X A^T`` is recomputed exactly first."""
     P = np.ascontiguousarray(X @ A.T)
-    sh = np.full(A.shape[0], float(shift))
     for _ in range(n_moves):
         nu = rng.standard_normal(X.shape)
         Q = np.ascontiguousarray(nu @ A.T)
-        th = _rare_kernels.ess_angles(P, Q, sh, rng.random(X.shape[0]))
+        th = _arc_angles(P, Q, float(shift), rng.random(X.shape[0]))
         c, s = np.cos(th)[:, None], np.sin(th)[:, None]
         X = X * c + nu * s
         P = P * c + Q * s
@@ -209,13 +264,17 @@ def _splitting(A, N, rng, n_moves, levels=None, level_prob=0.5, max_levels=200):
     return float("nan"), used
 
 
-def reference_log_share(W, t, seed, *, n_chains=1024, n_reps=4, n_moves=10, pilot_chains=256):
+def reference_log_share(W, t, seed, *, n_chains=512, n_reps=4, n_moves=10,
+                        pilot_chains=256) -> dict:
     """Independent estimate of token ``t``'s log Gaussian share (origin ball, no bias).
 
     A pilot run (adaptive levels, ``pilot_chains``) fixes the levels; ``n_reps`` independent
     fixed-level runs of ``n_chains`` chains each give unbiased estimates ``p_i`` of the share;
-    returns ``(log mean p_i, standard error of log mean)`` in nats (delta method over the reps).
+    returns ``log_share`` (log mean p_i), ``se`` (standard error of the log mean in nats, delta
+    method over the reps), ``reps`` (each rep's log p_i), ``levels`` (their number) and
+    ``seconds``. Every move uses all ``V - 1`` constraints (no working set).
     """
+    t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     A = _unit_constraints(W, t)
     _, levels = _splitting(A, pilot_chains, rng, n_moves)
@@ -225,47 +284,204 @@ def reference_log_share(W, t, seed, *, n_chains=1024, n_reps=4, n_moves=10, pilo
     p = np.exp(reps - reps.max())
     log_mean = float(np.log(p.mean()) + reps.max())
     se = float(p.std(ddof=1) / math.sqrt(n_reps) / p.mean())
-    return log_mean, se
+    return {"log_share": log_mean, "se": se, "reps": reps.tolist(), "levels": len(levels),
+            "seconds": time.perf_counter() - t0}
+
+
+def _ref_kw(args) -> dict:
+    return {"n_chains": args.ref_chains, "n_reps": args.ref_reps, "n_moves": args.ref_moves,
+            "pilot_chains": args.ref_pilot}
+
+
+def reference_truth_check(args) -> list[dict]:
+    """The reference itself on orthants of known share (rotated, with redundant rows), as in
+    the truth part: its log-error, against its own standard error."""
+    cases = [("orthant k=10 d=16 +3000 rows", 10, 16, 3000, args.ref_truth_seeds),
+             ("orthant k=15 d=24 +3000 rows", 15, 24, 3000, args.ref_truth_seeds),
+             ("orthant k=14 d=576 +3999 rows", 14, 576, 3999, args.ref_truth_highd_seeds)]
+    rows = []
+    for name, k, d, n_red, n_seeds in cases:
+        for s in range(n_seeds):
+            W, t, lt = orthant(k, d, 1000 + s, n_red)
+            r = reference_log_share(W, t, seed=5000 + s, **_ref_kw(args))
+            err = r["log_share"] - lt
+            rows.append({"case": name, "seed": s, "log_truth": lt, "reference": r["log_share"],
+                         "reference_se": r["se"], "error": err, "z": err / r["se"] if r["se"] > 0 else float("nan"),
+                         "levels": r["levels"], "seconds": r["seconds"]})
+            print(f"reference truth check {name} seed {s}: truth {lt:.3f} reference "
+                  f"{r['log_share']:.3f} +- {r['se']:.3f} error {err:+.3f} ({r['levels']} levels, "
+                  f"{r['seconds']:.1f} s)", flush=True)
+    return rows
+
+
+def _smollm2_w(args) -> np.ndarray:
+    if args.w_npy:
+        return np.load(args.w_npy).astype(np.float32)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from embgeom.adapters import load_model, unembedding
+
+    return np.asarray(Decoder.from_unembedding(unembedding(load_model("smollm2-135m"))).W_, np.float32)
+
+
+def _has_cell(W, t) -> bool:
+    """Whether token ``t``'s cone ``{x : (w_t - w_s) . x >= 0}`` has an interior: the LP
+    ``max r  s.t.  a_s . x >= r, |x|_inf <= 1`` (scipy HiGHS) has ``r > 0``."""
+    from scipy.optimize import linprog
+
+    A = _unit_constraints(W, t)
+    d = A.shape[1]
+    res = linprog(np.r_[np.zeros(d), -1.0], A_ub=np.hstack([-A, np.ones((A.shape[0], 1))]),
+                  b_ub=np.zeros(A.shape[0]), bounds=[(-1, 1)] * d + [(None, 1)], method="highs")
+    return bool(res.status == 0 and -res.fun > 1e-9)
+
+
+def bias_configs(args):
+    """(name, d, V, W float32, tokens, default seed) of every configuration asked for."""
+    out = []
+    per = args.tokens_per_config
+    for name in args.configs:
+        if name in ("gauss16", "gauss32"):
+            d, wseed = (16, 1) if name == "gauss16" else (32, 2)
+            rng = np.random.default_rng(100 + wseed)
+            V = 4000
+            # row norms spread out, as in real unembeddings: cell shares from e^-2 to e^-20
+            W = (rng.standard_normal((V, d)) * rng.uniform(0.6, 1.4, (V, 1))).astype(np.float32)
+            # tokens with a cell (most rows of a 16-D cloud of 4,000 lie inside its hull: their
+            # cones are empty, and the reference would run out its levels on them)
+            toks = []
+            for t in rng.permutation(V):
+                if len(toks) == per:
+                    break
+                if _has_cell(W, int(t)):
+                    toks.append(int(t))
+            toks = np.sort(toks)
+        elif name == "smollm2":
+            W_full = _smollm2_w(args)
+            rng = np.random.default_rng(args.smollm2_seed)
+            rows = np.sort(rng.choice(W_full.shape[0], args.smollm2_rows, replace=False))
+            W = np.ascontiguousarray(W_full[rows])
+            V, d, wseed = W.shape[0], W.shape[1], 3
+            # a spread of shares: one token from each of ``per`` equal strata of the row norm
+            order = np.argsort(np.linalg.norm(W.astype(np.float64), axis=1))
+            strata = np.array_split(order, args.smollm2_tokens or per)
+            toks = np.sort([int(rng.choice(st)) for st in strata])
+        else:
+            raise SystemExit(f"unknown config {name!r}")
+        out.append((name, d, V, W, toks, wseed))
+    return out
+
+
+def _summary(rows) -> dict:
+    diff = np.array([r["diff"] for r in rows if np.isfinite(r["diff"])])
+    split = np.array([r["diff"] for r in rows if np.isfinite(r["diff"]) and r["method"] == "rare-event"])
+    n = diff.size
+    return {"n_tokens": int(n), "mean_diff": float(diff.mean()) if n else float("nan"),
+            "se_mean_diff": float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+            "rms_diff": float(np.sqrt(np.mean(diff**2))) if n else float("nan"),
+            "n_higher": int((diff > 0).sum()),
+            "mean_diff_split_tokens": float(split.mean()) if split.size else float("nan"),
+            "se_mean_diff_split_tokens": float(split.std(ddof=1) / math.sqrt(split.size)) if split.size > 1 else float("nan"),
+            "n_split_tokens": int(split.size),
+            "coverage_of_reference": float(np.mean([c for r in rows for c in r["covered"]])),
+            "mean_reference_se": float(np.mean([r["reference_se"] for r in rows])),
+            "seconds_reference_total": float(sum(r["seconds_reference"] for r in rows)),
+            "seconds_default_total": float(sum(r["seconds_default_per_token"] for r in rows))}
+
+
+def _embgeom_version() -> str:
+    """The commit of the estimator under test, ``+dirty`` when ``embgeom/`` has uncommitted
+    changes (the repository is shared: record what the default was)."""
+    import subprocess
+
+    import embgeom
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(embgeom.__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "embgeom"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def run_bias(args) -> dict:
-    rows = []
-    configs = [(16, 1), (32, 2)] if not args.quick else [(16, 1)]
-    per = 6 if args.quick else 12
-    for d, wseed in configs:
-        rng = np.random.default_rng(100 + wseed)
-        V = 4000
-        # row norms spread out, as in real unembeddings: cell shares from e^-2 to e^-20
-        W = (rng.standard_normal((V, d)) * rng.uniform(0.6, 1.4, (V, 1))).astype(np.float32)
-        toks = np.sort(rng.choice(V, per, replace=False))
-        t0 = time.perf_counter()
-        cv = cell_volumes(Decoder(W), Ball.from_params(np.zeros(d), 1.0), N_SAMPLES, seed=wseed,
-                          tokens=toks, progress=False)
-        t_def = (time.perf_counter() - t0) / per
+    version = _embgeom_version()  # at the start: the default is imported now
+    truth_rows = reference_truth_check(args) if args.ref_truth_seeds + args.ref_truth_highd_seeds else []
+    reuse, reused_from = {}, None
+    if args.reuse_reference:  # the default with other options against the same reference
+        with open(args.reuse_reference) as f:
+            prev = json.load(f)
+        if _ref_kw(args) != prev["reference"]:
+            raise SystemExit(f"--reuse-reference: {args.reuse_reference} has reference settings "
+                             f"{prev['reference']}, not {_ref_kw(args)}")
+        reuse = {(r["config"], r["token"]): r for r in prev["rows"]}
+        reused_from = os.path.relpath(args.reuse_reference, os.path.join(HERE, ".."))
+        truth_rows = truth_rows or prev.get("reference_truth", [])
+    rows, config_info = [], {}
+    for name, d, V, W, toks, wseed in bias_configs(args):
+        # the default, once per seed (seed j > 0: [wseed, j]); one call for all the tokens
+        cvs, t_def = [], []
+        for j in range(args.default_seeds):
+            t0 = time.perf_counter()
+            cvs.append(cell_volumes(Decoder(W), Ball.from_params(np.zeros(d), 1.0), N_SAMPLES,
+                                    seed=wseed if j == 0 else [wseed, j], tokens=toks,
+                                    progress=False, n_chains=args.default_chains,
+                                    rare_event_options=args.rare_event_options))
+            t_def.append((time.perf_counter() - t0) / toks.size)
+        info = {"d": d, "V": V, "tokens": toks.tolist(), "default_seconds_per_token": t_def,
+                "rare_event": cvs[0].extra["rare_event"]}
+        print(f"{name}: d={d} V={V} {toks.size} tokens; default {np.mean(t_def):.2f} s per token "
+              f"({args.default_seeds} seed(s))", flush=True)
         for t in toks:
-            t1 = time.perf_counter()
-            ref, ref_se = reference_log_share(W, int(t), seed=int(t))
-            t_ref = time.perf_counter() - t1
-            lf, lo, hi = cv.log_fractions[t], cv.log_lower[t], cv.log_upper[t]
-            row = {"d": d, "V": V, "token": int(t), "default": float(lf), "default_lower": float(lo),
-                   "default_upper": float(hi), "method": str(cv.token_method[t]), "reference": ref,
-                   "reference_se": ref_se, "diff": float(lf - ref),
-                   "covered": bool(lo <= ref <= hi), "seconds_reference": t_ref,
-                   "seconds_default_per_token": t_def}
+            t = int(t)
+            if (name, t) in reuse:
+                r0 = reuse[(name, t)]
+                ref = {"log_share": r0["reference"], "se": r0["reference_se"], "reps": r0["reference_reps"],
+                       "levels": r0["reference_levels"], "seconds": r0["seconds_reference"]}
+            else:
+                ref = reference_log_share(W, t, seed=t, **_ref_kw(args))
+            lf = np.array([cv.log_fractions[t] for cv in cvs])
+            lo = np.array([cv.log_lower[t] for cv in cvs])
+            hi = np.array([cv.log_upper[t] for cv in cvs])
+            row = {"config": name, "d": d, "V": V, "token": t, "default": float(lf.mean()),
+                   "default_each_seed": lf.tolist(), "default_lower": float(lo[0]),
+                   "default_upper": float(hi[0]), "method": str(cvs[0].token_method[t]),
+                   "n_runs": int(cvs[0].extra["rare_event_n_runs"][t]),
+                   "reference": ref["log_share"], "reference_se": ref["se"],
+                   "reference_reps": ref["reps"], "reference_levels": ref["levels"],
+                   "diff": float(lf.mean() - ref["log_share"]),
+                   "covered": [bool(a <= ref["log_share"] <= b) for a, b in zip(lo, hi)],
+                   "seconds_reference": ref["seconds"],
+                   "seconds_default_per_token": float(np.mean(t_def))}
             rows.append(row)
-            print(f"d={d} t={t:5d} default {lf:8.3f} [{lo:7.2f}, {hi:7.2f}] ({row['method']}) "
-                  f"reference {ref:8.3f} +- {ref_se:.3f} diff {row['diff']:+.3f} ({t_ref:.1f} s)",
-                  flush=True)
-    diff = np.array([r["diff"] for r in rows if np.isfinite(r["diff"])])
-    split = np.array([r["diff"] for r in rows if np.isfinite(r["diff"]) and r["method"] == "rare-event"])
-    summary = {"n_tokens": int(diff.size), "mean_diff": float(diff.mean()),
-               "se_mean_diff": float(diff.std(ddof=1) / math.sqrt(diff.size)),
-               "n_higher": int((diff > 0).sum()),
-               "mean_diff_split_tokens": float(split.mean()) if split.size else float("nan"),
-               "n_split_tokens": int(split.size),
-               "coverage_of_reference": float(np.mean([r["covered"] for r in rows]))}
+            print(f"{name} t={t:5d} default {lf.mean():8.3f} [{lo[0]:7.2f}, {hi[0]:7.2f}] "
+                  f"({row['method']}, {row['n_runs']} runs) reference {ref['log_share']:8.3f} +- "
+                  f"{ref['se']:.3f} ({ref['levels']} levels) diff {row['diff']:+.3f} "
+                  f"(reference {ref['seconds']:.1f} s)", flush=True)
+        config_info[name] = info
+    by_config = {name: _summary([r for r in rows if r["config"] == name]) for name in config_info}
+    summary = _summary(rows)
+    for name, s in by_config.items():
+        print(f"{name}: mean diff {s['mean_diff']:+.3f} +- {s['se_mean_diff']:.3f} over "
+              f"{s['n_tokens']} ({s['n_higher']} higher), coverage {s['coverage_of_reference']:.2f}")
     print(json.dumps(summary))
-    return {"part": "bias", "n_samples": N_SAMPLES, "rows": rows, "summary": summary}
+    truth_summary = {}
+    for case in dict.fromkeys(r["case"] for r in truth_rows):
+        e = np.array([r["error"] for r in truth_rows if r["case"] == case])
+        truth_summary[case] = {"n": int(e.size), "mean_error": float(e.mean()),
+                               "se_of_mean": float(e.std(ddof=1) / math.sqrt(e.size)) if e.size > 1 else float("nan"),
+                               "max_abs_error": float(np.abs(e).max()),
+                               "mean_reference_se": float(np.mean([r["reference_se"] for r in truth_rows if r["case"] == case])),
+                               "mean_seconds": float(np.mean([r["seconds"] for r in truth_rows if r["case"] == case]))}
+    return {"part": "bias", "command": " ".join(sys.argv[1:]), "embgeom_commit": version,
+            "reference_reused_from": reused_from,
+            "n_samples": N_SAMPLES, "reference": _ref_kw(args),
+            "default_seeds": args.default_seeds, "default_chains": args.default_chains,
+            "rare_event_options": args.rare_event_options,
+            "configs": config_info, "rows": rows, "summary": summary, "by_config": by_config,
+            "reference_truth": truth_rows, "reference_truth_summary": truth_summary}
 
 
 # ------------------------------------------------------------------------------------ cost
@@ -309,18 +525,50 @@ def _markdown(res: dict) -> str:
                          f"{r['seconds_per_call']:.2f} |")
         return "\n".join(lines) + "\n"
     if res["part"] == "bias":
-        s = res["summary"]
-        lines = ["Default (`cell_volumes`, method='auto', 128 chains) against the fixed-level "
-                 "LIN-ESS reference (1,024 chains x 4 reps, levels from a 256-chain pilot).", "",
-                 "| d | token | default | 95% interval | method | reference | diff |", "|---|---|---|---|---|---|---|"]
+        ref = res["reference"]
+        opts = res.get("rare_event_options")
+        lines = ["Default (`cell_volumes`, method='auto', runs of "
+                 f"{res.get('default_chains', 128)} chains until target_se = 0.12 "
+                 f"nats, at most 32; {res['n_samples']:,} uniform samples"
+                 + (f"; rare_event_options={opts}" if opts else "")
+                 + f"; {res['default_seeds']} seed(s) per token, 'default' is their mean log-share, "
+                 "the interval the first seed's) against the independent reference: fixed-level "
+                 f"splitting, exact elliptical-slice moves (this file's kernel) on all constraints ({ref['n_chains']:,} chains x "
+                 f"{ref['n_reps']} reps, {ref['n_moves']} moves per level, levels from a "
+                 f"{ref['pilot_chains']}-chain pilot). diff = default - reference (nats). "
+                 "Seconds: one thread, loaded 2-core machine.", ""]
+        if res.get("command"):
+            lines += [f"Command: `bench_rare_event_accuracy.py {res['command']}`; embgeom at "
+                      f"{res.get('embgeom_commit', 'unrecorded')}"
+                      + (f" (reference values reused from `{res['reference_reused_from']}`)"
+                         if res.get("reference_reused_from") else ""), ""]
+        if res.get("reference_truth"):
+            lines += ["Reference on cells of known share (orthants, rotated, redundant rows):", "",
+                      "| case | seeds | log share | mean error | max error | mean reference se | s per estimate |",
+                      "|---|---|---|---|---|---|---|"]
+            for case, t in res["reference_truth_summary"].items():
+                lt = next(r["log_truth"] for r in res["reference_truth"] if r["case"] == case)
+                se = f" +- {t['se_of_mean']:.3f}" if t["n"] > 1 else ""
+                lines.append(f"| {case} | {t['n']} | {lt:.3f} | {t['mean_error']:+.3f}{se} | "
+                             f"{t['max_abs_error']:.3f} | {t['mean_reference_se']:.3f} | {t['mean_seconds']:.1f} |")
+            lines.append("")
+        lines += ["| config | d | token | default | 95% interval | method | runs | reference | levels | diff | s reference | s default |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["rows"]:
-            lines.append(f"| {r['d']} | {r['token']} | {r['default']:.3f} | [{r['default_lower']:.2f}, "
-                         f"{r['default_upper']:.2f}] | {r['method']} | {r['reference']:.3f} +- "
-                         f"{r['reference_se']:.3f} | {r['diff']:+.3f} |")
-        lines += ["", f"Mean difference over {s['n_tokens']} tokens: {s['mean_diff']:+.3f} +- "
-                  f"{s['se_mean_diff']:.3f} nats ({s['n_higher']} higher); split tokens only "
-                  f"({s['n_split_tokens']}): {s['mean_diff_split_tokens']:+.3f}; the default's interval "
-                  f"covers the reference for {s['coverage_of_reference']:.0%}."]
+            lines.append(f"| {r.get('config', '')} | {r['d']} | {r['token']} | {r['default']:.3f} | "
+                         f"[{r['default_lower']:.2f}, {r['default_upper']:.2f}] | {r['method']} | "
+                         f"{r.get('n_runs', '')} | {r['reference']:.3f} +- {r['reference_se']:.3f} | "
+                         f"{r.get('reference_levels', '')} | {r['diff']:+.3f} | "
+                         f"{r['seconds_reference']:.1f} | {r['seconds_default_per_token']:.2f} |")
+        lines += ["", "| config | tokens | mean diff | RMS diff | higher | split tokens: mean diff | "
+                  "coverage of the reference | mean reference se | s reference (total) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name, s in list(res.get("by_config", {}).items()) + [("all", res["summary"])]:
+            lines.append(f"| {name} | {s['n_tokens']} | {s['mean_diff']:+.3f} +- {s['se_mean_diff']:.3f} | "
+                         f"{s['rms_diff']:.3f} | {s['n_higher']} | {s['mean_diff_split_tokens']:+.3f} +- "
+                         f"{s['se_mean_diff_split_tokens']:.3f} ({s['n_split_tokens']}) | "
+                         f"{s['coverage_of_reference']:.0%} | {s['mean_reference_se']:.3f} | "
+                         f"{s['seconds_reference_total']:.0f} |")
         return "\n".join(lines) + "\n"
     lines = [f"Cost ({res['label']}, {res['embgeom']}), {len(res['tokens'])} SmolLM2 tokens, origin ball, one thread.", "",
              "| chains | s per token | median 95% width | within 1 nat |", "|---|---|---|---|"]
@@ -335,18 +583,54 @@ def main(argv=None):
     ap.add_argument("part", choices=["truth", "bias", "cost"])
     ap.add_argument("--quick", action="store_true", help="fewer cases, seeds and tokens")
     ap.add_argument("--seeds", type=int, default=None, help="truth: seeds per case (50; 10 quick)")
-    ap.add_argument("--w-npy", default=None, help="cost: float32 (V, d) unembedding")
+    ap.add_argument("--w-npy", default=None,
+                    help="cost (required), bias (SmolLM2, optional: else loaded offline): float32 (V, d) unembedding")
     ap.add_argument("--tokens", type=int, default=8, help="cost: tokens")
     ap.add_argument("--label", default="after", help="cost: name of this tree in the output")
+    ap.add_argument("--configs", default=None,
+                    help="bias: comma-separated of gauss16, gauss32, smollm2 (all; quick: gauss16,smollm2)")
+    ap.add_argument("--tokens-per-config", type=int, default=None, help="bias: tokens per config (12; 6 quick)")
+    ap.add_argument("--smollm2-rows", type=int, default=4000,
+                    help="bias: random sub-vocabulary of SmolLM2's rows (> 2,048: the working-set path)")
+    ap.add_argument("--smollm2-seed", type=int, default=0, help="bias: seed of the sub-vocabulary and tokens")
+    ap.add_argument("--smollm2-tokens", type=int, default=None,
+                    help="bias: SmolLM2 tokens (one per row-norm stratum; default --tokens-per-config)")
+    ap.add_argument("--reuse-reference", default=None,
+                    help="bias: a previous bias json whose reference values (same settings) are reused")
+    ap.add_argument("--default-seeds", type=int, default=3, help="bias: runs of the default per token")
+    ap.add_argument("--default-chains", type=int, default=128,
+                    help="bias: cell_volumes(n_chains=...) of the default (128)")
+    ap.add_argument("--ref-chains", type=int, default=512, help="bias: reference chains per rep")
+    ap.add_argument("--ref-reps", type=int, default=4, help="bias: independent fixed-level reps")
+    ap.add_argument("--ref-moves", type=int, default=10, help="bias: LIN-ESS moves per level")
+    ap.add_argument("--ref-pilot", type=int, default=256, help="bias: pilot chains (the levels)")
+    ap.add_argument("--ref-truth-seeds", type=int, default=None,
+                    help="bias: seeds of the reference's own truth check (4; 2 quick; 0 skips it)")
+    ap.add_argument("--ref-truth-highd-seeds", type=int, default=None,
+                    help="bias: seeds of the reference on an orthant k=14 in d=576 with 3,999 rows "
+                         "(SmolLM2's size; 2; 0 quick)")
+    ap.add_argument("--rare-event-options", type=json.loads, default=None,
+                    help="bias: JSON dict passed to cell_volumes(rare_event_options=...)")
+    ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args(argv)
     if args.seeds is None:
         args.seeds = 10 if args.quick else 50
+    if args.configs is None:
+        args.configs = "gauss16,smollm2" if args.quick else "gauss16,gauss32,smollm2"
+    args.configs = [c for c in args.configs.split(",") if c]
+    if args.tokens_per_config is None:
+        args.tokens_per_config = 6 if args.quick else 12
+    if args.ref_truth_seeds is None:
+        args.ref_truth_seeds = 2 if args.quick else 4
+    if args.ref_truth_highd_seeds is None:
+        args.ref_truth_highd_seeds = 0 if args.quick else 2
     if args.part == "cost" and not args.w_npy:
         ap.error("cost needs --w-npy")
     res = {"truth": run_truth, "bias": run_bias, "cost": run_cost}[args.part](args)
     os.makedirs(args.out, exist_ok=True)
     stem = args.part + ("_quick" if args.quick else "") + (f"_{args.label}" if args.part == "cost" else "")
+    stem += f"_{args.tag}" if args.tag else ""
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(res, f, indent=1)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:

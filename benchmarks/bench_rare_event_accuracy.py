@@ -323,6 +323,19 @@ def _smollm2_w(args) -> np.ndarray:
     return np.asarray(Decoder.from_unembedding(unembedding(load_model("smollm2-135m"))).W_, np.float32)
 
 
+def mc_counts(W, tokens, n, seed, block=8192) -> np.ndarray:
+    """Plain Monte Carlo: how many of ``n`` standard Gaussian directions (float32, seeded) land
+    in each token's cone (argmax of ``W x``, ties being of measure zero); a third estimator,
+    exact in expectation, for the shares large enough to count."""
+    rng = np.random.default_rng(seed)
+    WT = np.ascontiguousarray(np.asarray(W, np.float32).T)
+    counts = np.zeros(WT.shape[1], np.int64)
+    for s in range(0, n, block):
+        X = rng.standard_normal((min(block, n - s), WT.shape[0]), dtype=np.float32)
+        counts += np.bincount(np.argmax(X @ WT, axis=1), minlength=WT.shape[1])
+    return counts[np.asarray(tokens)]
+
+
 def _has_cell(W, t) -> bool:
     """Whether token ``t``'s cone ``{x : (w_t - w_s) . x >= 0}`` has an interior: the LP
     ``max r  s.t.  a_s . x >= r, |x|_inf <= 1`` (scipy HiGHS) has ``r > 0``."""

@@ -30,8 +30,14 @@ Three parts (issue 22, items 3 and 4), each written to ``benchmarks/results/rare
     (d = 576, origin ball; one token from each of ``--smollm2-tokens`` equal strata of the row
     norm, for a spread of shares). The default runs ``--default-seeds`` times per token (their
     mean log-share is compared); the mean of (default - reference) over tokens, with its
-    standard error over tokens, is the systematic bias. ``--reuse-reference`` reruns only the
-    default (e.g. with ``--rare-event-options``) against the references of an earlier run.
+    standard error over tokens, is the systematic bias. A third estimator, plain Monte Carlo
+    (:func:`mc_counts`: ``--mc-samples`` Gaussian directions, 8M per Gaussian config and 2M for
+    SmolLM2, counted by the argmax of ``W x``), checks both on the tokens with >= 100 hits.
+    ``--reuse-reference`` reruns only the default (e.g. with ``--rare-event-options`` or
+    ``--default-chains``) against the references (and counts) of an earlier run: the reference
+    costs 35-450 s per token, the default 1-15. Results: ``bias_reference_run`` (the run that
+    computed the references), ``bias`` (the default at the recorded commit against them),
+    ``bias_<tag>`` (variants).
 
 ``cost``  Seconds per token (one thread) of the default at 128 chains and of 1,024 chains, on
     SmolLM2-135M's unembedding (origin ball) when ``--w-npy`` gives it (float32 ``(V, d)``),
@@ -384,6 +390,22 @@ def bias_configs(args):
     return out
 
 
+#: Hits a token needs for its plain Monte Carlo share to enter the comparison (log-se <= 0.1).
+MC_MIN_HITS = 100
+
+
+def _mc_summary(rows) -> dict:
+    """Default and reference against plain Monte Carlo, over the tokens with >= MC_MIN_HITS."""
+    ok = [r for r in rows if r.get("mc_count", 0) >= MC_MIN_HITS]
+    out = {"n_tokens": len(ok), "min_hits": MC_MIN_HITS}
+    for key in ("default", "reference"):
+        e = np.array([r[key] - r["mc_log"] for r in ok])
+        out[f"mean_{key}_minus_mc"] = float(e.mean()) if e.size else float("nan")
+        out[f"se_{key}_minus_mc"] = float(e.std(ddof=1) / math.sqrt(e.size)) if e.size > 1 else float("nan")
+    out["mean_mc_se"] = float(np.mean([r["mc_se"] for r in ok])) if ok else float("nan")
+    return out
+
+
 def _summary(rows) -> dict:
     diff = np.array([r["diff"] for r in rows if np.isfinite(r["diff"])])
     split = np.array([r["diff"] for r in rows if np.isfinite(r["diff"]) and r["method"] == "rare-event"])
@@ -398,7 +420,8 @@ def _summary(rows) -> dict:
             "coverage_of_reference": float(np.mean([c for r in rows for c in r["covered"]])),
             "mean_reference_se": float(np.mean([r["reference_se"] for r in rows])),
             "seconds_reference_total": float(sum(r["seconds_reference"] for r in rows)),
-            "seconds_default_total": float(sum(r["seconds_default_per_token"] for r in rows))}
+            "seconds_default_total": float(sum(r["seconds_default_per_token"] for r in rows)),
+            "mc": _mc_summary(rows)}
 
 
 def _embgeom_version() -> str:
@@ -421,8 +444,7 @@ def _embgeom_version() -> str:
 
 def run_bias(args) -> dict:
     version = _embgeom_version()  # at the start: the default is imported now
-    truth_rows = reference_truth_check(args) if args.ref_truth_seeds + args.ref_truth_highd_seeds else []
-    reuse, reused_from = {}, None
+    reuse, reused_from, truth_rows = {}, None, []
     if args.reuse_reference:  # the default with other options against the same reference
         with open(args.reuse_reference) as f:
             prev = json.load(f)
@@ -431,7 +453,9 @@ def run_bias(args) -> dict:
                              f"{prev['reference']}, not {_ref_kw(args)}")
         reuse = {(r["config"], r["token"]): r for r in prev["rows"]}
         reused_from = os.path.relpath(args.reuse_reference, os.path.join(HERE, ".."))
-        truth_rows = truth_rows or prev.get("reference_truth", [])
+        truth_rows = prev.get("reference_truth", [])  # the same seeds would give the same rows
+    if not truth_rows and args.ref_truth_seeds + args.ref_truth_highd_seeds:
+        truth_rows = reference_truth_check(args)
     rows, config_info = [], {}
     for name, d, V, W, toks, wseed in bias_configs(args):
         # the default, once per seed (seed j > 0: [wseed, j]); one call for all the tokens
@@ -445,6 +469,18 @@ def run_bias(args) -> dict:
             t_def.append((time.perf_counter() - t0) / toks.size)
         info = {"d": d, "V": V, "tokens": toks.tolist(), "default_seconds_per_token": t_def,
                 "rare_event": cvs[0].extra["rare_event"]}
+        n_mc = args.mc_samples_smollm2 if name == "smollm2" else args.mc_samples
+        mc = {}
+        if n_mc:
+            prev_mc = {t: reuse[(name, t)] for t in map(int, toks) if (name, t) in reuse
+                       and reuse[(name, t)].get("mc_n") == n_mc}
+            if len(prev_mc) == toks.size:
+                mc = {t: r["mc_count"] for t, r in prev_mc.items()}
+            else:
+                t0 = time.perf_counter()
+                mc = dict(zip(map(int, toks), map(int, mc_counts(W, toks, n_mc, seed=900 + wseed))))
+                info["mc_seconds"] = time.perf_counter() - t0
+                print(f"{name}: plain Monte Carlo, {n_mc:,} directions, {info['mc_seconds']:.0f} s", flush=True)
         print(f"{name}: d={d} V={V} {toks.size} tokens; default {np.mean(t_def):.2f} s per token "
               f"({args.default_seeds} seed(s))", flush=True)
         for t in toks:
@@ -468,6 +504,10 @@ def run_bias(args) -> dict:
                    "covered": [bool(a <= ref["log_share"] <= b) for a, b in zip(lo, hi)],
                    "seconds_reference": ref["seconds"],
                    "seconds_default_per_token": float(np.mean(t_def))}
+            if t in mc:
+                k = mc[t]
+                row.update(mc_n=n_mc, mc_count=k, mc_log=math.log(k / n_mc) if k else float("-inf"),
+                           mc_se=math.sqrt((1 - k / n_mc) / k) if k else float("inf"))
             rows.append(row)
             print(f"{name} t={t:5d} default {lf.mean():8.3f} [{lo[0]:7.2f}, {hi[0]:7.2f}] "
                   f"({row['method']}, {row['n_runs']} runs) reference {ref['log_share']:8.3f} +- "
@@ -573,6 +613,17 @@ def _markdown(res: dict) -> str:
                          f"{r.get('n_runs', '')} | {r['reference']:.3f} +- {r['reference_se']:.3f} | "
                          f"{r.get('reference_levels', '')} | {r['diff']:+.3f} | "
                          f"{r['seconds_reference']:.1f} | {r['seconds_default_per_token']:.2f} |")
+        mc_rows = [r for r in res["rows"] if "mc_count" in r]
+        if mc_rows:
+            lines += ["", f"Plain Monte Carlo (a third estimator: Gaussian directions counted by the "
+                      f"argmax of W x), tokens with >= {MC_MIN_HITS} hits:", "",
+                      "| config | token | hits | MC log-share | default - MC | reference - MC |",
+                      "|---|---|---|---|---|---|"]
+            for r in mc_rows:
+                if r["mc_count"] >= MC_MIN_HITS:
+                    lines.append(f"| {r['config']} | {r['token']} | {r['mc_count']:,} of {r['mc_n']:,} | "
+                                 f"{r['mc_log']:.3f} +- {r['mc_se']:.3f} | {r['default'] - r['mc_log']:+.3f} | "
+                                 f"{r['reference'] - r['mc_log']:+.3f} |")
         lines += ["", "| config | tokens | mean diff | RMS diff | higher | split tokens: mean diff | "
                   "coverage of the reference | mean reference se | s reference (total) |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -582,6 +633,14 @@ def _markdown(res: dict) -> str:
                          f"{s['se_mean_diff_split_tokens']:.3f} ({s['n_split_tokens']}) | "
                          f"{s['coverage_of_reference']:.0%} | {s['mean_reference_se']:.3f} | "
                          f"{s['seconds_reference_total']:.0f} |")
+        if mc_rows:
+            lines += ["", "| config | MC tokens | default - MC | reference - MC | mean MC se |", "|---|---|---|---|---|"]
+            for name, s in list(res.get("by_config", {}).items()) + [("all", res["summary"])]:
+                m = s.get("mc")
+                if m and m["n_tokens"]:
+                    lines.append(f"| {name} | {m['n_tokens']} | {m['mean_default_minus_mc']:+.3f} +- "
+                                 f"{m['se_default_minus_mc']:.3f} | {m['mean_reference_minus_mc']:+.3f} +- "
+                                 f"{m['se_reference_minus_mc']:.3f} | {m['mean_mc_se']:.3f} |")
         return "\n".join(lines) + "\n"
     lines = [f"Cost ({res['label']}, {res['embgeom']}), {len(res['tokens'])} SmolLM2 tokens, origin ball, one thread.", "",
              "| chains | s per token | median 95% width | within 1 nat |", "|---|---|---|---|"]
@@ -624,6 +683,10 @@ def main(argv=None):
                          "(SmolLM2's size; 2; 0 quick)")
     ap.add_argument("--rare-event-options", type=json.loads, default=None,
                     help="bias: JSON dict passed to cell_volumes(rare_event_options=...)")
+    ap.add_argument("--mc-samples", type=int, default=8_000_000,
+                    help="bias: plain Monte Carlo directions per Gaussian config (0: none)")
+    ap.add_argument("--mc-samples-smollm2", type=int, default=2_000_000,
+                    help="bias: plain Monte Carlo directions for SmolLM2 (0: none)")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args(argv)

@@ -1143,100 +1143,158 @@ def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
     cover: the number of runs is chosen from the error so far (stopping when it is small), a
     second-order effect at these run counts.
     """
-    (n_chains, n_groups, level_prob, n_moves, max_constraints, probe_k, n_probes,
-     min_full_fraction, max_levels, _, target_se, max_runs) = settings
-    working = cone.n_constraints > max_constraints if working_set == "auto" else bool(working_set)
-    if not working and move == "hmc" and cone.n_constraints > MAX_GRAM:
-        raise ValueError(
-            f"working_set: False with move='hmc' needs the Gram matrix of all "
-            f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
-        )
-    runs = []  # (log p, se, side, levels, |S|, checked, log check) per run
-    # the pilot: PILOT_CHAINS chains (n_chains if fewer; >= 2 per group)
-    pilot_chains = min(n_chains, max(2, PILOT_CHAINS // n_groups) * n_groups)
-    carried = [None, np.zeros(0, dtype=np.int64)]  # the next runs' starting working set, known rows
+    return _TokenRuns(cone, seed_t, settings, move=move, working_set=working_set,
+                      full_check=full_check).run()
 
-    def batch(js):
-        """Runs ``js``, all from the same carried state; their first full checks share one pass
-        over ``W`` (the same screening rows: none of them has added or seen any before)."""
-        sps = []
-        for j in js:
-            ss = seed_t if j == 0 else np.random.SeedSequence(
-                seed_t.entropy, spawn_key=(*seed_t.spawn_key, j - 1), pool_size=seed_t.pool_size)
-            sps.append(_Splitter(
-                cone, np.random.default_rng(ss), n_groups=n_groups,
-                n_chains=pilot_chains if j == 0 and working else n_chains,
-                level_prob=level_prob, n_moves=n_moves, move=move, working=working,
-                full_check=full_check, max_constraints=max_constraints, probe_k=probe_k,
-                n_probes=n_probes, max_levels=max_levels,
-                min_full_fraction=(max(min_full_fraction, PILOT_MIN_FULL) if j == 0 and working
-                                   else min_full_fraction),
-                initial=None if carried[0] is None else carried[0].copy(), known=carried[1]))
-        with single_blas_thread():
-            gens = [sp.steps() for sp in sps]
-            results = [None] * len(sps)
-            pending = {}  # run -> the chains of its first full check
-            for i, g in enumerate(gens):
+
+#: Sides of a run that measured the cell (its estimate counts), and of one that stopped the
+#: token: it proved the cell empty or gave up.
+_MEASURED = ("two-sided", "upper")
+_STOPPED = ("empty", "unresolved")
+
+
+def _cut_after_first(runs: list, sides: tuple, *, inside: bool) -> None:
+    """Drop, in place, the runs after the first whose side is (``inside``) or is not in ``sides``."""
+    first = next(i for i, r in enumerate(runs) if (r[2] in sides) == inside)
+    runs[:] = runs[: first + 1]
+
+
+class _TokenRuns:
+    """The state of :func:`_token_runs` for one cone: its settings, the runs so far, and the
+    working set and known rows that the next runs start from (set by the pilot)."""
+
+    def __init__(self, cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
+                 move: str, working_set, full_check: bool):
+        (self.n_chains, self.n_groups, self.level_prob, self.n_moves, self.max_constraints,
+         self.probe_k, self.n_probes, self.min_full_fraction, self.max_levels, _,
+         self.target_se, self.max_runs) = settings
+        self.working = (cone.n_constraints > self.max_constraints if working_set == "auto"
+                        else bool(working_set))
+        if not self.working and move == "hmc" and cone.n_constraints > MAX_GRAM:
+            raise ValueError(
+                f"working_set: False with move='hmc' needs the Gram matrix of all "
+                f"{cone.n_constraints} constraints (over {MAX_GRAM}); use a working set"
+            )
+        self.cone, self.seed_t, self.move, self.full_check = cone, seed_t, move, full_check
+        self.runs = []  # (log p, se, side, levels, |S|, checked, log check) per run
+        # the pilot: PILOT_CHAINS chains (n_chains if fewer; >= 2 per group)
+        self.pilot_chains = min(self.n_chains,
+                                max(2, PILOT_CHAINS // self.n_groups) * self.n_groups)
+        self.initial = None  # the counted runs' starting working set (the pilot's)
+        self.known = np.zeros(0, dtype=np.int64)  # rows seen by the runs so far
+
+    def _splitter(self, j: int) -> _Splitter:
+        """Run ``j``'s splitter: run 0 draws from ``seed_t``, run ``j >= 1`` from its child
+        ``j - 1``; with a working set, run 0 is the pilot."""
+        s = self.seed_t
+        ss = s if j == 0 else np.random.SeedSequence(
+            s.entropy, spawn_key=(*s.spawn_key, j - 1), pool_size=s.pool_size)
+        pilot = j == 0 and self.working
+        return _Splitter(
+            self.cone, np.random.default_rng(ss), n_groups=self.n_groups,
+            n_chains=self.pilot_chains if pilot else self.n_chains,
+            level_prob=self.level_prob, n_moves=self.n_moves, move=self.move,
+            working=self.working, full_check=self.full_check,
+            max_constraints=self.max_constraints, probe_k=self.probe_k, n_probes=self.n_probes,
+            max_levels=self.max_levels,
+            min_full_fraction=(max(self.min_full_fraction, PILOT_MIN_FULL) if pilot
+                               else self.min_full_fraction),
+            initial=None if self.initial is None else self.initial.copy(), known=self.known)
+
+    def batch(self, js) -> None:
+        """Runs ``js``, all from the same carried state (:func:`_drive_batch`); then, with a
+        working set, the pilot's set for the counted runs and the rows seen, for screening."""
+        sps = [self._splitter(j) for j in js]
+        self.runs.extend(_drive_batch(self.cone, sps))
+        if self.working:
+            if self.initial is None:  # after the pilot: its working set, for every counted run
+                self.initial = sps[0].cs
+            seen = np.concatenate([np.concatenate(sp.seen) for sp in sps])
+            self.known = np.union1d(self.known, seen[seen >= 0])
+
+    def _first_batch(self, pilot: tuple) -> int:
+        """Counted runs of the first batch, planned from the pilot's error (scaled to runs of
+        ``n_chains`` chains); one without ``target_se``."""
+        if self.target_se is None:
+            return 1
+        x = (pilot[1] / self.target_se) ** 2 * self.pilot_chains / self.n_chains
+        return min(self.max_runs, max(1, round(x)))
+
+    def _planned_total(self, se: float) -> int:
+        """Counted runs wanted in all after this batch, planned from the error so far.
+
+        The error falls like 1 / sqrt(runs); re-plan after. One run's error, from 16 groups,
+        is itself uncertain by ~20% (its square by ~40%): the first plan rounds instead of
+        rounding up and lets the re-plan (on R * n_groups groups) top up, as overshooting costs
+        whole runs and a second batch only one more pass over W.
+        """
+        n = len(self.runs)
+        x = n * (se / self.target_se) ** 2
+        want = max(2, round(x)) if n == 1 else math.ceil(x)
+        return min(self.max_runs, max(want, n + 1))
+
+    def run(self) -> tuple:
+        """The pilot (with a working set), the counted runs, and their combined estimate: the
+        tuple :func:`_token_runs` returns."""
+        runs, n_groups = self.runs, self.n_groups
+        pilot, j0 = None, 0
+        self.batch([0])
+        if self.working:
+            pilot, j0 = runs.pop(), 1
+            if pilot[2] in _STOPPED:  # proved the cell empty, or gave up
+                return [pilot], pilot[0], pilot[1], n_groups - 1, None
+            self.batch(range(1, 1 + self._first_batch(pilot)))
+        if runs[-1][2] in _MEASURED and len(runs) > 1:
+            lp, se, df = _combine_runs(runs, n_groups)
+        else:
+            lp, se, df = runs[0][0], runs[0][1], n_groups - 1
+        while (self.target_se is not None and all(r[2] in _MEASURED for r in runs)
+               and se > self.target_se and len(runs) < self.max_runs):
+            self.batch(range(j0 + len(runs), j0 + self._planned_total(se)))
+            if any(r[2] not in _MEASURED for r in runs):
+                _cut_after_first(runs, _MEASURED, inside=False)
+                break
+            lp, se, df = _combine_runs(runs, n_groups)
+        if any(r[2] in _STOPPED for r in runs):  # a run proved the cell empty or gave up
+            _cut_after_first(runs, _STOPPED, inside=True)
+            lp, se, df = runs[-1][0], runs[-1][1], n_groups - 1
+        return runs, lp, se, df, pilot
+
+
+def _drive_batch(cone: _Cone, sps: list) -> list:
+    """Run the splitters ``sps`` to the end; their results (:meth:`_Splitter.result`), in order.
+
+    Their first full checks share one pass over ``W`` (the same screening rows: none of them
+    has added or seen any before); a run that goes on (a rejected check) is checked on its own
+    after.
+    """
+    with single_blas_thread():
+        gens = [sp.steps() for sp in sps]
+        results = [None] * len(sps)
+        pending = {}  # run -> the chains of its first full check
+        for i, g in enumerate(gens):
+            try:
+                pending[i] = next(g)
+            except StopIteration as stop:
+                results[i] = stop.value
+        if pending:
+            order = list(pending)
+            X = np.concatenate([pending[i] for i in order])
+            val, ids, scanned = cone.check(X, sps[order[0]].check_k, sps[order[0]].check_known())
+            row = 0
+            for i in order:
+                n = pending[i].shape[0]
+                part = (val[row:row + n], ids[row:row + n],
+                        int(np.count_nonzero(scanned[row:row + n])))
+                row += n
                 try:
-                    pending[i] = next(g)
+                    Xi = gens[i].send(part)
+                    while True:
+                        v, d, m = cone.check(Xi, sps[i].check_k, sps[i].check_known())
+                        Xi = gens[i].send((v, d, int(m.sum())))
                 except StopIteration as stop:
                     results[i] = stop.value
-            if pending:
-                order = list(pending)
-                X = np.concatenate([pending[i] for i in order])
-                val, ids, scanned = cone.check(X, sps[order[0]].check_k, sps[order[0]].check_known())
-                row = 0
-                for i in order:
-                    n = pending[i].shape[0]
-                    part = (val[row:row + n], ids[row:row + n], int(np.count_nonzero(scanned[row:row + n])))
-                    row += n
-                    try:  # a run that goes on (a rejected check) is checked on its own after
-                        Xi = gens[i].send(part)
-                        while True:
-                            v, d, m = cone.check(Xi, sps[i].check_k, sps[i].check_known())
-                            Xi = gens[i].send((v, d, int(m.sum())))
-                    except StopIteration as stop:
-                        results[i] = stop.value
-        runs.extend(results)
-        if working:
-            if carried[0] is None:  # after the pilot: its working set, for every counted run
-                carried[0] = sps[0].cs
-            seen = np.concatenate([np.concatenate(sp.seen) for sp in sps])
-            carried[1] = np.union1d(carried[1], seen[seen >= 0])
-
-    pilot, j0 = None, 0
-    if working:
-        batch([0])
-        pilot, j0 = runs.pop(), 1
-        if pilot[2] in ("empty", "unresolved"):  # proved the cell empty, or gave up
-            return [pilot], pilot[0], pilot[1], n_groups - 1, None
-        # the first batch planned from the pilot's error (scaled to runs of n_chains chains)
-        x = (pilot[1] / target_se) ** 2 * pilot_chains / n_chains if target_se is not None else 1
-        first = min(max_runs, max(1, round(x)))
-        batch(range(1, 1 + first))
-    else:
-        batch([0])
-    if runs[-1][2] in ("two-sided", "upper") and len(runs) > 1:
-        lp, se, df = _combine_runs(runs, n_groups)
-    else:
-        lp, se, df = runs[0][0], runs[0][1], n_groups - 1
-    while (target_se is not None and all(r[2] in ("two-sided", "upper") for r in runs)
-           and se > target_se and len(runs) < max_runs):
-        # plan from the error so far (it falls like 1 / sqrt(runs)); re-plan after. One run's
-        # error, from 16 groups, is itself uncertain by ~20% (its square by ~40%): the first
-        # plan rounds instead of rounding up and lets the re-plan (on R * n_groups groups) top
-        # up, as overshooting costs whole runs and a second batch only one more pass over W
-        x = len(runs) * (se / target_se) ** 2
-        want = max(2, round(x)) if len(runs) == 1 else math.ceil(x)
-        batch(range(j0 + len(runs), j0 + min(max_runs, max(want, len(runs) + 1))))
-        if any(r[2] not in ("two-sided", "upper") for r in runs):
-            runs[:] = runs[: next(i for i, r in enumerate(runs) if r[2] not in ("two-sided", "upper")) + 1]
-            break
-        lp, se, df = _combine_runs(runs, n_groups)
-    if any(r[2] in ("empty", "unresolved") for r in runs):  # a run proved the cell empty or gave up
-        runs[:] = runs[: next(i for i, r in enumerate(runs) if r[2] in ("empty", "unresolved")) + 1]
-        lp, se, df = runs[-1][0], runs[-1][1], n_groups - 1
-    return runs, lp, se, df, pilot
+    return results
 
 
 def _store_token(i: int, runs: list, lp: float, se: float, df, pilot, *, out: dict,

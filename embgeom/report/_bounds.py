@@ -166,25 +166,14 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     eps_dtype = precision_eps(rinf, dtype)
     lp_paper, lp_dtype, lp_formula, kinds, binding, errors = _log_packings(
         supports or {}, d, rinf, eps_paper, eps_dtype)
-    rate, lam = None, None
-    if fractions is not None:
-        rate = cell_volume_rate(fractions, k_max, lower=lower, upper=upper, n_samples=n_samples)
-        lam = rate.rate if np.isfinite(rate.rate) else None
-        if rate.estimator == "log-shares" or unresolved_share is None:
-            # from log-shares (a token sample) what sets lambda is the share of the sampled
-            # tokens without a figure, not of the tokens outside the sample
-            unresolved_share = rate.unresolved_share
+    rate, lam, unresolved_share = _report_rate(fractions, k_max, lower, upper, n_samples,
+                                               unresolved_share)
     usable, note = _lambda_usable(lam, unresolved_share)
     c = _c_emp(c_emp, published_c_emp)
-    slope = {k: slope_from_log_packing(v, V) for k, v in lp_paper.items()}
-    slope_dtype = {k: slope_from_log_packing(v, V) for k, v in lp_dtype.items()}
-    slope_formula = {k: slope_from_log_packing(v, V) for k, v in lp_formula.items()}
-    slope_ref = {k: (slope_from_log_packing(v, V, rate) if lam else None)
-                 for k, v in lp_paper.items()}
-    slope_ref_cons = {}
-    if rate is not None and np.isfinite(rate.rate_conservative):
-        slope_ref_cons = {k: slope_from_log_packing(v, V, rate, conservative=True)
-                          for k, v in lp_paper.items()}
+    slope, slope_dtype, slope_formula = (
+        {k: slope_from_log_packing(v, V) for k, v in lp.items()}
+        for lp in (lp_paper, lp_dtype, lp_formula))
+    slope_ref, slope_ref_cons = _refined_slopes(lp_paper, V, rate, lam)
     ce = c["c_emp"]
     ratio = {k: (v / ce if ce else None) for k, v in slope.items()}
     ratio_ref = {k: (v / ce if (ce and v) else None) for k, v in slope_ref.items()}
@@ -236,6 +225,34 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     section["markdown"] = bounds_markdown(section, d=d, V=V, kinds=kinds, reasons=reasons or {},
                                           rate=rate)
     return section
+
+
+def _report_rate(fractions, k_max: int, lower, upper, n_samples, unresolved_share) -> tuple:
+    """``(rate, lambda, unresolved_share)`` of :func:`bounds_report_section`: the
+    :class:`~embgeom.bounds.CellVolumeRate` of ``fractions`` (None without them), its lambda
+    (nats per token; None when not finite), and the share of unresolved cells that decides
+    whether lambda is usable."""
+    if fractions is None:
+        return None, None, unresolved_share
+    rate = cell_volume_rate(fractions, k_max, lower=lower, upper=upper, n_samples=n_samples)
+    lam = rate.rate if np.isfinite(rate.rate) else None
+    if rate.estimator == "log-shares" or unresolved_share is None:
+        # from log-shares (a token sample) what sets lambda is the share of the sampled
+        # tokens without a figure, not of the tokens outside the sample
+        unresolved_share = rate.unresolved_share
+    return rate, lam, unresolved_share
+
+
+def _refined_slopes(lp_paper: dict, V: int, rate, lam) -> tuple[dict, dict]:
+    """The slopes ``C log|V| / lambda`` per support (tokens per vector; None without a
+    lambda) and their conservative versions (from the rate's lower lambda; empty when that
+    is not finite), through :func:`embgeom.bounds.slope_from_log_packing`."""
+    ref = {k: (slope_from_log_packing(v, V, rate) if lam else None) for k, v in lp_paper.items()}
+    cons = {}
+    if rate is not None and np.isfinite(rate.rate_conservative):
+        cons = {k: slope_from_log_packing(v, V, rate, conservative=True)
+                for k, v in lp_paper.items()}
+    return ref, cons
 
 
 def _lambda_usable(lam, unresolved_share) -> tuple[bool, str]:

@@ -25,7 +25,8 @@ Usage (from the repository root):
     nohup nice -n 5 env HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/all_cells.py \
         --support ball > runs/all_cells_ball.log 2>&1 &
     ... --support shell
-    ... --summarize [--uniform-samples 5000000]
+    ... --summarize [--uniform-samples 5000000 | --uniform-file
+        benchmarks/results/all_cells/smollm2_ball_uniform.npz]
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 MODELS = {"smollm2-135m": "smollm2", "gemma-3-270m": "gemma3"}
 
@@ -78,20 +80,26 @@ def sum_check(cv) -> dict:
             "one_inside": bool(abs(total - 1) <= 1.96 * se), "n_unresolved": int((~ok).sum())}
 
 
-def uniform_check(cv, dec, sup, n: int, seed: int, n_jobs: int) -> dict:
-    """Tokens with >= 100 hits in an independent uniform run: agreement with their counts."""
+def uniform_check(cv, dec, sup, n: int, seed: int, n_jobs: int, counts=None) -> dict:
+    """Tokens with >= 100 hits in an independent uniform run: agreement with their counts.
+
+    ``counts`` (int64 per token, from ``benchmarks/uniform_counts.py``) replaces the run; they
+    are that run's counts for ``n`` points bit for bit, computed resumably."""
     from embgeom.volumes import cell_volumes
 
-    u = cell_volumes(dec, sup, n, seed, method="uniform", n_jobs=n_jobs, progress=True)
-    big = u.counts >= 100
-    lf = np.log(u.counts[big] / n)
-    inside = (lf >= cv.log_lower[big] - 2 / np.sqrt(u.counts[big])) & \
-             (lf <= cv.log_upper[big] + 2 / np.sqrt(u.counts[big]))
+    seconds = float("nan")
+    if counts is None:
+        u = cell_volumes(dec, sup, n, seed, method="uniform", n_jobs=n_jobs, progress=True)
+        counts, seconds = u.counts, float(u.seconds)
+    big = counts >= 100
+    lf = np.log(counts[big] / n)
+    inside = (lf >= cv.log_lower[big] - 2 / np.sqrt(counts[big])) & \
+             (lf <= cv.log_upper[big] + 2 / np.sqrt(counts[big]))
     diff = cv.log_fractions[big] - lf
     return {"n_samples": n, "seed": seed, "n_tokens_100_hits": int(big.sum()),
             "share_agreeing": float(inside.mean()) if big.any() else float("nan"),
             "mean_diff_nats": float(np.nanmean(diff)) if big.any() else float("nan"),
-            "seconds": float(u.seconds)}
+            "seconds": seconds}
 
 
 def summarize(cv, dec, sup, tok, args, short) -> dict:
@@ -112,7 +120,18 @@ def summarize(cv, dec, sup, tok, args, short) -> dict:
                      "log_share": float(cv.log_fractions[order[i]])}
     out["smallest"] = [row(i) for i in range(min(20, order.size))]
     out["largest"] = [row(i) for i in range(order.size - 1, max(order.size - 21, -1), -1)]
-    if args.uniform_samples:
+    if args.uniform_file:
+        from uniform_counts import load_counts
+
+        from embgeom.volumes import _fingerprint
+
+        st = load_counts(Path(args.uniform_file), _fingerprint(dec, sup.origin_ellipsoid_map()))
+        if st is None:
+            raise SystemExit(f"--uniform-file: no file {args.uniform_file}")
+        out["uniform_check"] = uniform_check(cv, dec, sup, st["n_samples"], int(st["seed"]),
+                                             args.n_jobs, counts=st["counts"])
+        out["uniform_check"]["file"] = str(args.uniform_file)
+    elif args.uniform_samples:
         out["uniform_check"] = uniform_check(cv, dec, sup, args.uniform_samples, args.seed + 1,
                                              args.n_jobs)
     return out
@@ -154,6 +173,8 @@ def main(argv=None):
     ap.add_argument("--n-jobs", type=int, default=-1)
     ap.add_argument("--summarize", action="store_true")
     ap.add_argument("--uniform-samples", type=int, default=0)
+    ap.add_argument("--uniform-file", default=None,
+                    help="counts from benchmarks/uniform_counts.py instead of a new uniform run")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results" / "all_cells"))
     args = ap.parse_args(argv)
     from embgeom.volumes import load_vocabulary_cell_volumes, vocabulary_cell_volumes

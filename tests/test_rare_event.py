@@ -604,3 +604,27 @@ def test_default_budget_adapts_per_token():
             cell_volumes(Decoder(W), ball, 100, seed=0, target_se=bad, progress=False)
     with pytest.raises(ValueError, match="max_runs"):
         log_cone_gaussian_measure(W, [0], n_chains=32, target_se=0.1, max_runs=0)
+
+
+def test_working_set_copy_shares_rows_and_is_frozen():
+    """A counted run's working set (``_Constraints.copy``) shares the pilot's rows and Gram
+    matrix instead of copying them, owns its shifts (all ``inf``: lowering them leaves the
+    pilot's alone), and refuses to take a constraint (its domains are fixed before it draws)."""
+    from embgeom._rare_event import _Cone, _Constraints
+
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((300, 5)).astype(np.float32)
+    cone = _Cone(W, np.einsum("ij,ij->i", W, W, dtype=np.float64), W, 0)
+    cs = _Constraints(cone, capacity=64, gram=True)
+    assert cs.add(np.arange(1, 21)) == 20
+    cs.lower_shifts(0.5)
+    new = cs.copy()
+    assert new.M == 20 and new.A is not None and np.shares_memory(new.A, cs.A)
+    np.testing.assert_array_equal(new.gram, cs.A @ cs.A.T)
+    assert np.all(np.isinf(new.shift)) and np.all(cs.shift == 0.5)
+    new.lower_shifts(0.1)
+    assert np.all(cs.shift == 0.5) and np.all(new.shift == 0.1)
+    with pytest.raises(RuntimeError, match="fixed before it draws"):
+        new.add(np.array([30]))
+    assert cs.add(np.array([30])) == 1 and new.M == 20  # the pilot's set may still grow
+    assert not new.in_S[30] and cs.in_S[30]

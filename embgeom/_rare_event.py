@@ -114,8 +114,12 @@ EMPTY_CHECK_LEVELS = 64
 SE_INFLATION = 1.0
 #: Largest Gram matrix (constraints) built without a working set (16384^2 float64: 2 GiB).
 MAX_GRAM = 16384
-#: Cap on reflections per exact-HMC trajectory (a chain that reaches it stops there, inside).
+#: Cap on reflections per exact-HMC trajectory: a trajectory that needs more is rejected (the
+#: chain stays where it was, an exact move: :func:`embgeom._rare_kernels.hmc_trajectories`).
 MAX_BOUNCES = 1000
+#: Fraction of a move's trajectories rejected at :data:`MAX_BOUNCES` above which the run's HMC
+#: time halves for the later moves (:meth:`_Splitter.moves`).
+MAX_REJECTED = 0.1
 
 
 @dataclass
@@ -530,6 +534,7 @@ class _Splitter:
         self.n_rank = min(int(n_counted) - 1, max(1, int(math.ceil(level_prob * n_counted))))
         self.gammas = []  # levels since the last emptiness LP
         self.next_lp = EMPTY_CHECK_LEVELS
+        self.t_max = 0.5 * math.pi  # HMC time; halved while trajectories hit MAX_BOUNCES
 
     def probe(self):
         """Check one chain in each of the first ``n_probes`` groups against every row of ``W``;
@@ -549,17 +554,28 @@ class _Splitter:
             P = np.hstack([P, self.X @ cs.A[P.shape[1]:].T])
         return np.ascontiguousarray(P)
 
-    def moves(self, X, P, t_max=0.5 * math.pi):
+    def moves(self, X, P, t_max=None):
         """``n_moves`` exact moves of every chain inside the working set's current domain
-        (HMC with reflections for time ``t_max``, or LIN-ESS); ``X`` and ``P`` are updated in
-        place and returned."""
+        (HMC with reflections for time ``min(t_max, self.t_max)``, or LIN-ESS); ``X`` and ``P``
+        are updated in place and returned.
+
+        A trajectory that needs :data:`MAX_BOUNCES` reflections is rejected (the chain stays:
+        :func:`embgeom._rare_kernels.hmc_trajectories`). When more than
+        :data:`MAX_REJECTED` of a move's trajectories are, the run's HMC time ``self.t_max``
+        halves for every later move: a cone far thinner than wide (an origin ellipsoid with
+        axis ratio 1e7) reflects a quarter-turn thousands of times, and the chains would never
+        move. The time is chosen from the levels before, so each level's kernel stays exact.
+        """
         cs, rng = self.cs, self.rng
         n = X.shape[0]
+        t = self.t_max if t_max is None else min(t_max, self.t_max)
         for _ in range(self.n_moves):
             nu = rng.standard_normal((n, self.k))
             Q = np.ascontiguousarray(nu @ cs.A.T)
             if self.move == "hmc":
-                _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t_max, MAX_BOUNCES)
+                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t, MAX_BOUNCES)
+                if n and np.count_nonzero(b >= MAX_BOUNCES) > MAX_REJECTED * n:
+                    self.t_max *= 0.5
             else:
                 theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(n))
                 c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]

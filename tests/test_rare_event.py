@@ -628,3 +628,54 @@ def test_working_set_copy_shares_rows_and_is_frozen():
         new.add(np.array([30]))
     assert cs.add(np.array([30])) == 1 and new.M == 20  # the pilot's set may still grow
     assert not new.in_S[30] and cs.in_S[30]
+
+
+def _thin_wedge(s: float = 8192.0, d: int = 2, seed: int = 1):
+    """Rows ``(1, 0), (0.5, +-s)`` (float32-exact) padded to ``d`` and rotated: the cell of row 0
+    is the wedge ``x_1 >= (s / 0.5) |x_2|`` (times R^(d-2)), share ``atan(0.5 / s) / pi``,
+    4,000 times thinner than wide at s = 8192."""
+    W = np.zeros((3, d))
+    W[:, :2] = [[1.0, 0.0], [0.5, s], [0.5, -s]]
+    if d > 2:
+        W = W @ special_ortho_group.rvs(d, random_state=seed).T
+    return W, math.log(math.atan(0.5 / s) / math.pi)
+
+
+@pytest.mark.parametrize("d", [2, 16])
+def test_thin_wedge_share(d):
+    """A cone far thinner than wide: a quarter-turn HMC trajectory reflects ~13,000 times, past
+    MAX_BOUNCES. Trajectories stopped at the cap (the earlier kernel) put the share at -27 nats
+    against -10.85 with a confident interval; rejected ones with a shortened time recover it."""
+    W, truth = _thin_wedge(d=d)
+    for seed in range(2):
+        r = log_cone_gaussian_measure(W, [0], n_chains=128, target_se=0.12, seed=seed)
+        assert r.side[0] == "two-sided"
+        assert abs(r.log_share[0] - truth) < 0.4
+        assert r.log_lower[0] - 0.1 <= truth <= r.log_upper[0] + 0.1
+
+
+def test_hmc_rejects_trajectories_past_the_cap():
+    """A trajectory that needs more than ``max_bounces`` reflections leaves its chain where it
+    started (X and P restored exactly: a rejected Metropolis step), and one that needs fewer
+    moves it; both stay inside the polyhedron."""
+    W, _ = _thin_wedge()
+    A = np.array([[1.0, 0.0]]) - W[1:]
+    A = A / np.linalg.norm(A, axis=1)[:, None]
+    rng = np.random.default_rng(0)
+    X = np.tile([1.0, 0.0], (50, 1)) * rng.uniform(0.5, 2.0, (50, 1))
+    X0 = X.copy()
+    V = rng.standard_normal((50, 2))
+    P = np.ascontiguousarray(X @ A.T)
+    P0 = P.copy()
+    Q = np.ascontiguousarray(V @ A.T)
+    b = _rare_kernels.hmc_trajectories(X, V, P, Q, A, A @ A.T, np.zeros(2), math.pi / 2, 50)
+    stuck = b >= 50
+    assert stuck.sum() >= 45  # ~13,000 reflections are needed for a quarter turn
+    np.testing.assert_array_equal(X[stuck], X0[stuck])
+    np.testing.assert_array_equal(P[stuck], P0[stuck])
+    short, V2 = X0.copy(), rng.standard_normal((50, 2))
+    b2 = _rare_kernels.hmc_trajectories(short, V2, np.ascontiguousarray(X0 @ A.T),
+                                        np.ascontiguousarray(V2 @ A.T), A, A @ A.T, np.zeros(2),
+                                        1e-4, 50)
+    assert np.all(b2 < 50) and not np.array_equal(short, X0)
+    assert np.all(short @ A.T >= -1e-9)

@@ -36,7 +36,10 @@ def _check_log_packing(log_packing) -> float:
 
 def _m_array(m) -> np.ndarray:
     arr = np.asarray(m)
-    if arr.dtype.kind not in "iu" or arr.size == 0:
+    if arr.size == 0:  # a value problem, not a type one: np.asarray([]) is float64
+        raise ValueError(f"m: expected at least one number of prompt vectors (an integer >= 1 "
+                         f"or a non-empty array of them), got {m!r}")
+    if arr.dtype.kind not in "iu":
         raise TypeError(f"m: expected an integer or an array of integers, got {m!r}")
     if np.any(arr < 1):
         raise ValueError(f"m: expected integers >= 1, got min {arr.min()}")

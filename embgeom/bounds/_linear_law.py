@@ -60,7 +60,7 @@ def n_star(m, log_packing, vocab_size, rate=None) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        ``m < 1``, ``log_packing < 0`` or NaN, ``vocab_size < 2``, ``rate <= 0``.
+        ``m < 1`` or empty, ``log_packing < 0`` or NaN, ``vocab_size < 2``, ``rate <= 0``.
     """
     mm = _m_array(m)
     lp = _check_log_packing(log_packing)

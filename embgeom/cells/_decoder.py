@@ -6,6 +6,7 @@ See :mod:`embgeom.cells` for what the cells are; the exact scan lives in
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -35,23 +36,43 @@ _FLOAT32_SAFE = 1e38
 _FLOAT32_FULL_PRECISION = 2.0**-100
 
 
-def _refuse_float32_underflow(x: np.ndarray, name: str) -> None:
-    """Refuse float64 entries that are nonzero but below float32's normal range (1.2e-38).
+def _refuse_float32_underflow(W: np.ndarray, b: np.ndarray | None) -> None:
+    """Refuse float64 entries of ``W`` or ``b`` that are nonzero but below float32's normal
+    range (1.2e-38).
 
     The decoder stores ``W`` and ``b`` in float32; such entries would become 0 or lose their
-    significant bits, silently changing the cells (``W * 1e-46`` would be all zeros).
+    significant bits, silently changing the cells (``W * 1e-46`` would be all zeros). The
+    message says what rescaling keeps the cells: a positive factor on ``W`` alone for a
+    bias-free decoder (its cells are cones), the *same* factor on ``W`` and ``b`` otherwise
+    (``argmax_t s (W h + b)_t = argmax_t (W h + b)_t``); rescaling ``b`` alone dilates every cell
+    about the origin, which is another decoder. Where the nonzero entries span more than
+    float32's range, no common factor exists, and the message says so.
     """
-    if x.dtype == np.float32:
-        return
-    a = np.abs(x)
-    bad = int(np.count_nonzero((a > 0) & (a < np.finfo(np.float32).tiny)))
-    if bad:
-        raise ValueError(
-            f"{name}: {bad} nonzero entries are below float32's normal range (|x| < 1.2e-38); the "
-            f"float32 copy would flush them to 0 or round away their digits. Rescale {name} (a "
-            "positive factor changes no cell of a bias-free decoder)"
-        )
-
+    tiny, big = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+    for x, name in ((W, "W"), (b, "bias")):
+        if x is None or x.dtype == np.float32:
+            continue
+        a = np.abs(x)
+        bad = int(np.count_nonzero((a > 0) & (a < tiny)))
+        if not bad:
+            continue
+        msg = (f"{name}: {bad} nonzero entries are below float32's normal range (|x| < 1.2e-38); "
+               "the float32 copy would flush them to 0 or round away their digits. ")
+        if b is None:
+            raise ValueError(msg + "Multiply W by a positive factor: the cells of a bias-free "
+                             "decoder are cones, which no positive factor changes")
+        nz = np.concatenate([np.abs(W[W != 0]).ravel(), np.abs(b[b != 0])]).astype(np.float64)
+        lo, hi = float(nz.min()), float(nz.max())
+        msg += ("Multiply W and bias by the same positive factor s (argmax_t s (W h + b)_t is "
+                "argmax_t (W h + b)_t, so no cell changes); rescaling bias or W alone changes the "
+                "cells. ")
+        if hi / lo > big / tiny:
+            raise ValueError(
+                msg + f"Here no such s exists: the nonzero entries of W and bias span {lo:.3g} to "
+                f"{hi:.3g}, a ratio of {hi / lo:.3g}, beyond float32's range (about 2.8e+76), so "
+                "no float32 decoder holds both; set the entries meant as 0 to 0")
+        k = int(round((math.log2(tiny) + math.log2(big) - math.log2(lo) - math.log2(hi)) / 2))
+        raise ValueError(msg + f"E.g. s = 2**{k} puts every nonzero entry of both in range")
 
 
 class Decoder:
@@ -114,7 +135,6 @@ class Decoder:
             self.W_ = np.ascontiguousarray(W, dtype=np.float32)
         if not np.isfinite(self.W_).all():
             raise ValueError("W: overflows float32 (values beyond 3.4e38)")
-        _refuse_float32_underflow(W, "W")
         if bias is None:
             self.bias_ = None
         else:
@@ -123,7 +143,7 @@ class Decoder:
                 self.bias_ = np.ascontiguousarray(b, dtype=np.float32)
             if not np.isfinite(self.bias_).all():
                 raise ValueError("bias: overflows float32")
-            _refuse_float32_underflow(b, "bias")
+        _refuse_float32_underflow(W, None if bias is None else b)
         self.point_block = check_positive_int(point_block, "point_block")
         self.vocab_block = check_positive_int(vocab_block, "vocab_block")
         self._zero_bias = None

@@ -191,7 +191,8 @@ def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: fl
         separated data, whose interval is the gap) or at least :data:`MIN_BOOT` (100).
     seed : seed, default 0
         Seed of the bootstrap draws: anything ``numpy.random.default_rng`` accepts.
-    confidence : float, default 0.95
+    confidence : float in (0, 1), default 0.95
+        Level of the bootstrap interval (1 would ask for the whole range of the replicates).
     s_min : float, default 0.5
         Lower bound of the logistic scale (tokens).
 
@@ -211,7 +212,7 @@ def n50(curve, *, n_boot: int = 200, seed=0, confidence: float = 0.95, s_min: fl
     """
     x, k, N = _curve_arrays(curve)
     n_boot = check_n_boot(n_boot)
-    confidence = check_probability(confidence, "confidence")
+    confidence = check_probability(confidence, "confidence", open_right=True)
     s_min = check_positive(s_min, "s_min")
     rng = check_seed(seed)
     with single_blas_thread():  # L-BFGS-B on 2 parameters: thread start-up dominates
@@ -274,7 +275,8 @@ def fit_slope(n50_by_m, *, confidence: float = 0.95, c_theory: float | None = No
     ----------
     n50_by_m : mapping {m: float or dict with key "n50"}
         At least two finite n50 values; keys are ints (or digit strings, as in a JSON summary).
-    confidence : float, default 0.95
+    confidence : float in (0, 1), default 0.95
+        Level of the t interval of the slope (infinite at 1).
     c_theory : float, optional
         Theoretical slope (e.g. from :func:`theory_slope`); adds ``ratio = c_theory / c_emp``
         (>= 1 for a valid bound) and its interval.
@@ -327,7 +329,7 @@ def fit_slope(n50_by_m, *, confidence: float = 0.95, c_theory: float | None = No
         ys.append(float(y))
     if len(ms) < 2:
         raise ValueError(f"n50_by_m: expected at least two values of m, got {len(ms)}")
-    confidence = check_probability(confidence, "confidence")
+    confidence = check_probability(confidence, "confidence", open_right=True)
     m_arr, y = np.array(ms), np.array(ys)
     k = m_arr.size
     c = float(m_arr @ y / (m_arr @ m_arr))
@@ -523,7 +525,7 @@ class HorizonCurve:
         ValueError
             ``n_boot`` (the attribute) negative or in ``1 .. MIN_BOOT - 1``; no horizon yet.
         """
-        confidence = check_probability(confidence, "confidence")
+        confidence = check_probability(confidence, "confidence", open_right=True)
         n_boot = check_n_boot(self.n_boot)
         h = self.horizons.astype(np.float64)
         if h.size == 0:

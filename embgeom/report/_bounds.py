@@ -18,7 +18,6 @@ from ..bounds import (
     theorem45_log_count,
     threshold_length_unbounded,
 )
-from ..bounds._checks import _check_vocab
 from . import figures
 from ._markdown import md_table
 from ._supports import CONFORMAL_SUFFIX, CUBE
@@ -153,21 +152,35 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     Raises
     ------
     TypeError, ValueError
-        Missing facts, ``rinf <= 0``, bad fractions.
+        Missing facts, ``rinf <= 0``, bad fractions; inputs that do not describe one model:
+        ``fractions`` (or the CellVolumes) of another number of tokens than ``vocab_size``, a
+        support whose dimension is not ``hidden_size``, a support that holds at most one
+        distinguishable vector at ``eps = rinf 2^-11`` (its rigorous ``log P < log 2``: the
+        support fits inside one precision cell, so ``rinf`` is not the scale of the hidden
+        states it was fitted to, and ``C`` would be about 0); ``valid`` naming no support (or a
+        bare string); ``m_values`` empty or not integers >= 1.
     """
     d = check_positive_int(unembedding_facts.get("hidden_size", unembedding_facts.get("d")),
                            "unembedding_facts['hidden_size']")
-    V = _check_vocab(unembedding_facts.get("vocab_size"))
+    V = check_positive_int(unembedding_facts.get("vocab_size"), "unembedding_facts['vocab_size']",
+                           minimum=2)
     rinf = check_positive(rinf, "rinf")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    m_values = _check_m_values(m_values)
+    valid = _check_valid(valid, supports or {})
+    _check_support_dims(supports or {}, d)
+    _check_fraction_count(fractions, V)
     logV = math.log(V)
     eps_paper = precision_eps(rinf, 11)
     eps_dtype = precision_eps(rinf, dtype)
     lp_paper, lp_dtype, lp_formula, kinds, binding, errors = _log_packings(
         supports or {}, d, rinf, eps_paper, eps_dtype)
+    _refuse_single_cell(lp_paper, rinf, eps_paper)
     rate, lam, unresolved_share = _report_rate(fractions, k_max, lower, upper, n_samples,
                                                unresolved_share)
+    if rate is not None and rate.vocab_size != V:
+        raise ValueError(f"fractions: the cell shares are of {rate.vocab_size} tokens, but "
+                         f"unembedding_facts['vocab_size'] is {V}; expected one share per token "
+                         "of this model's vocabulary")
     usable, note = _lambda_usable(lam, unresolved_share)
     c = _c_emp(c_emp, published_c_emp)
     slope, slope_dtype, slope_formula = (
@@ -177,7 +190,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     ce = c["c_emp"]
     ratio = {k: (v / ce if ce else None) for k, v in slope.items()}
     ratio_ref = {k: (v / ce if (ce and v) else None) for k, v in slope_ref.items()}
-    nstar = {k: n_star(np.asarray(m_values), v, V).tolist() for k, v in lp_paper.items()}
+    nstar = {k: n_star(np.asarray(m_values, dtype=np.int64), v, V).tolist()
+             for k, v in lp_paper.items()}
     is_valid = {k: (valid is None or k in valid) for k in lp_paper}
     candidates = [k for k in lp_paper if is_valid[k]]
     tight = min(candidates, key=lp_paper.get) if candidates else None
@@ -185,6 +199,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     exceeds = [k for k in lp_paper if slope_formula[k] > slope[k] * (1 + 1e-9)
                and not k.endswith(CONFORMAL_SUFFIX)]
 
+    out = Path(out_dir)  # made only once every input is accepted
+    out.mkdir(parents=True, exist_ok=True)
     figs = _bounds_figures(out, lp_paper, slope, candidates, tight, V, lam if usable else None,
                            c if ce else None, is_valid, max(m_values))
 
@@ -225,6 +241,89 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
     section["markdown"] = bounds_markdown(section, d=d, V=V, kinds=kinds, reasons=reasons or {},
                                           rate=rate)
     return section
+
+
+def _check_m_values(m_values) -> tuple:
+    """``m_values`` as a tuple of ints >= 1 (at least one), errors naming ``m_values``."""
+    if isinstance(m_values, (str, bytes)) or not hasattr(m_values, "__iter__"):
+        raise TypeError("m_values: expected a sequence of integers >= 1 (numbers of prompt "
+                        f"vectors), got {type(m_values).__name__}")
+    ms = tuple(check_positive_int(m, "m_values") for m in m_values)
+    if not ms:
+        raise ValueError("m_values: expected at least one number of prompt vectors (integers "
+                         f">= 1), got {list(m_values)!r}")
+    return ms
+
+
+def _check_valid(valid, supports: dict):
+    """``valid`` as a set of support names, each one of ``supports`` or ``"cube"``."""
+    if valid is None:
+        return None
+    if isinstance(valid, (str, bytes)) or not hasattr(valid, "__iter__"):
+        raise TypeError("valid: expected a collection of support names (e.g. a set or list), "
+                        f"got {type(valid).__name__} {valid!r}")
+    names = set(valid)
+    known = set(supports) | {CUBE}
+    unknown = sorted(map(str, names - known))
+    if unknown:
+        raise ValueError(f"valid: {unknown} name no support; expected names among the supports "
+                         f"given and {CUBE!r}: {sorted(known)}")
+    return names
+
+
+def _check_support_dims(supports: dict, d: int) -> None:
+    """Refuse a support whose dimension is not the hidden size (its bounds would be of another
+    space: the cube's slope is proportional to ``d``). A support without a readable ``dim`` is
+    left to :func:`_log_packings`, which records it in ``errors``."""
+    for name, sup in supports.items():
+        try:
+            dim = sup.dim
+        except Exception:  # unfitted or not a support: recorded as an error later
+            continue
+        if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and int(dim) != d:
+            raise ValueError(
+                f"supports[{name!r}]: dimension {int(dim)} differs from "
+                f"unembedding_facts['hidden_size'] = {d}; expected supports fitted to this "
+                f"model's {d}-dimensional hidden states")
+
+
+def _check_fraction_count(fractions, V: int) -> None:
+    """Refuse cell shares of another number of tokens than ``V`` before any rate is computed
+    (the rate's own ``vocab_size`` is checked again after)."""
+    if fractions is None:
+        return
+    if callable(getattr(type(fractions), "cell_volume_rate", None)):
+        f = getattr(fractions, "fractions", None)
+        what = f"a {type(fractions).__name__} of"
+    else:
+        f, what = fractions, "cell shares of"
+    if f is None or np.ndim(f) != 1:
+        return  # cell_volume_rate names the problem
+    n = int(np.size(f))
+    if n != V:
+        raise ValueError(f"fractions: {what} {n} tokens, but unembedding_facts['vocab_size'] is "
+                         f"{V}; expected one share per token of this model's vocabulary")
+
+
+def _refuse_single_cell(lp_paper: dict, rinf: float, eps: float) -> None:
+    """Refuse a support whose rigorous ``log P < log 2`` at ``eps``.
+
+    Such a bound proves that the support holds one distinguishable vector: its L-infinity
+    diameter is below ``eps = rinf 2^-11`` (a connected set with two points ``D`` apart holds
+    ``floor(D/eps) + 1`` points ``eps`` apart). Hidden states of L-infinity radius ``rinf``
+    that differ at all do not fit in one such cell, so ``rinf`` and the supports are of
+    different scales (e.g. ``rinf = 1e160`` with unit-scale supports), and ``C`` would be
+    reported as about 0 tokens per vector.
+    """
+    small = {k: v for k, v in lp_paper.items() if v < math.log(2.0)}
+    if small:
+        k = min(small, key=small.get)
+        raise ValueError(
+            f"rinf: at eps = rinf 2^-11 = {eps:.4g} (rinf = {rinf:.4g}) the support(s) "
+            f"{sorted(small)} hold at most one distinguishable vector ({k!r}: log P <= "
+            f"{small[k]:.3g} nats < log 2), i.e. they fit inside one precision cell and the "
+            "bound would be C = 0 tokens per vector; expected rinf to be the L-infinity radius of "
+            "the hidden states the supports were fitted to (same units)")
 
 
 def _report_rate(fractions, k_max: int, lower, upper, n_samples, unresolved_share) -> tuple:

@@ -250,7 +250,7 @@ def _report_sizes(quick: bool, lengths, n_per_length, n_cell_samples, heldout_le
     if n_calibration_per_length is not None:
         size["calibration_per_length"] = check_positive_int(
             n_calibration_per_length, "n_calibration_per_length", minimum=0)
-    check_probability(size["alpha"], "alpha")
+    check_probability(size["alpha"], "alpha", open_right=True)  # as calibrate_support
     return size
 
 

@@ -119,7 +119,10 @@ def supports_report_section(H, out_dir, shapes=tuple(REPORT_FITS), unembedding=N
     d = H.shape[1]
     Ht = _check_extra(heldout, "heldout", d)
     Hc = _check_extra(calibration, "calibration", d)
-    heldout_min = check_probability(heldout_min, "heldout_min")
+    # both in (0, 1) as documented: min_points_for and the Clopper-Pearson bound refuse 1, so a
+    # closed check here would let 1 through to a later error naming another argument
+    heldout_min = check_probability(heldout_min, "heldout_min", open_right=True)
+    confidence = check_probability(confidence, "confidence", open_right=True)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     section: dict = {}

@@ -327,7 +327,7 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     Raises
     ------
     ValueError
-        Empty ``curves``, ``vocab_size < 2``.
+        Empty ``curves`` or ``m_values``, ``vocab_size < 2``.
     """
     from ..bounds import accessible_fraction_bound, n_star
 
@@ -335,6 +335,9 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
         raise ValueError("curves: expected at least one curve")
     V = check_positive_int(vocab_size, "vocab_size", minimum=2)
     ms = [check_positive_int(m, "m_values") for m in m_values]
+    if not ms:
+        raise ValueError("m_values: expected at least one number of prompt vectors (integers "
+                         ">= 1), got none")
     measured = {int(k): v for k, v in (measured or {}).items()
                 if v and v.get("lengths")}
     ncol = 2 if len(ms) > 1 else 1

@@ -375,9 +375,18 @@ def _direction_map(decoder: Decoder, G) -> tuple[bool, np.ndarray | None]:
     if G.shape != (decoder.dim, decoder.dim):
         raise ValueError(f"support.origin_ellipsoid_map: returned shape {G.shape}, expected "
                          f"{(decoder.dim, decoder.dim)}")
+    if not np.all(np.isfinite(G)):
+        raise ValueError("support.origin_ellipsoid_map: returned a map with NaN or inf entries")
     diag = np.diag(G)
     if np.count_nonzero(G - np.diag(diag)) == 0 and np.all(diag == diag[0]) and diag[0] > 0:
         return True, None
+    # a cone only sees directions: bring max|G| to [0.5, 1) by a power of two (exact), so that
+    # float32 neither underflows (an ellipsoid of semi-axes 1e-50 mapped every direction to 0,
+    # and token 0 took every tie) nor overflows (1e40) at any scale of the support
+    g_max = float(np.abs(G).max())
+    if g_max == 0.0:
+        raise ValueError("support.origin_ellipsoid_map: returned the zero map")
+    G = np.ldexp(G, -math.frexp(g_max)[1])
     return True, np.ascontiguousarray(G.T, dtype=np.float32)
 
 

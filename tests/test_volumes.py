@@ -348,3 +348,27 @@ def test_top_share_baseline_refuses_absurd_draws():
                      seed=np.random.SeedSequence(3), seconds=0.0)
     with pytest.raises(ValueError, match="n_draws: expected at most 10000"):
         cv.top_share_if_equal(0.1, n_draws=10**9)
+
+
+@pytest.mark.parametrize("scale", [1e-160, 1e-50, 1e40, 1e160])
+def test_origin_ellipsoid_counts_do_not_depend_on_its_scale(scale):
+    """A cell's share of an origin-centred ellipsoid is that of its directions: scaling the
+    ellipsoid by any positive factor changes no count. The float32 map of the directions used
+    to underflow at 1e-50 (every point at 0, token 0 taking every tie: share 1) and to overflow
+    at 1e40 (NaN points); it is now scaled by a power of two first."""
+    import warnings
+
+    from embgeom import Ellipsoid
+
+    rng = np.random.default_rng(0)
+    dec = Decoder(rng.standard_normal((200, 16)))
+    Q, _ = np.linalg.qr(rng.standard_normal((16, 16)))
+    ax = np.linspace(0.5, 2.0, 16)
+    ref = cell_volumes(dec, Ellipsoid.from_params(np.zeros(16), semi_axes=ax, axes=Q), 20000,
+                       seed=0, method="uniform", progress=False)
+    assert (ref.counts > 0).sum() > 50
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = cell_volumes(dec, Ellipsoid.from_params(np.zeros(16), semi_axes=ax * scale, axes=Q),
+                           20000, seed=0, method="uniform", progress=False)
+    np.testing.assert_array_equal(got.counts, ref.counts)

@@ -498,7 +498,8 @@ AUTO_TOKEN_SAMPLE = 1000
 
 
 def _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence, interval,
-                            method, n_chains, tokens, target_se, rare_event_options):
+                            method, n_chains, tokens, target_se, rare_event_options, *,
+                            advice: str = "use method='uniform' or 'auto'"):
     """The arguments of :func:`cell_volumes` checked before any sampling (its Raises).
 
     Returns ``(n_samples, batch_size, confidence, n_chains, target_se, G, why_not,
@@ -523,7 +524,7 @@ def _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence,
         raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={decoder.dim}")
     if interval not in ("clopper-pearson", "wilson"):
         raise ValueError(f"interval: expected 'clopper-pearson' or 'wilson', got {interval!r}")
-    confidence = check_probability(confidence, "confidence")
+    confidence = check_probability(confidence, "confidence", open_right=True)
     if method not in ("auto", "uniform", "rare-event"):
         raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
     n_chains = check_positive_int(n_chains, "n_chains")
@@ -536,7 +537,7 @@ def _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence,
                    f"the support ({type(support).__name__}) is not an origin-centred ellipsoid")
         if method == "rare-event":
             raise ValueError(f"method: 'rare-event' needs cells that are cones through the support's "
-                             f"centre, but {why_not}; use method='uniform' or 'auto'")
+                             f"centre, but {why_not}; {advice}")
     if target_se is not None:
         target_se = check_positive(target_se, "target_se")
     if method != "uniform" and why_not is None:
@@ -844,6 +845,17 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
     n_runs = np.zeros(V, dtype=np.int64)
     n_runs[ids] = r.n_runs
     summary = {**r.to_dict(), "token_sample": int(ids.size), "sample_is_all": bool(ids.size == V)}
+    if target_se is not None:
+        missed = int(np.count_nonzero(np.isfinite(r.log_share) & (r.std_err > target_se)))
+        summary["n_tokens_above_target_se"] = missed
+        if missed:
+            import warnings
+
+            warnings.warn(
+                f"target_se: {missed} of {ids.size} split tokens stopped at max_runs="
+                f"{opt['max_runs']} runs of {n_chains} chains with a standard error above "
+                f"target_se={target_se} nats (their intervals are wider; raise n_chains or "
+                "rare_event_options['max_runs'] to reach it)", RuntimeWarning, stacklevel=3)
     return {"log_fractions": log_f, "log_lower": log_lo, "log_upper": log_hi,
             "token_method": method, "n_runs": n_runs}, summary
 
@@ -891,9 +903,11 @@ def load_vocabulary_cell_volumes(path, decoder: Decoder | None = None, support=N
     ----------
     path : str or path-like
     decoder, support : optional
-        When given, the file must have been made for them (same ``W``, bias and support map
-        ``G``: a SHA-256 fingerprint), else ``ValueError``: a file of another model or support
-        is never read as this one's.
+        Both or neither. When given, the file must have been made for them (same ``W``, bias
+        and support map ``G`` up to scale: a SHA-256 fingerprint), else ``ValueError``: a file
+        of another model or support is never read as this one's. The shares are those of
+        directions, so a rescaled support reads the same shares, and ``support_log_volume``
+        (hence ``log_volumes``) is then the given support's, not the file's.
 
     Returns
     -------
@@ -911,18 +925,31 @@ def load_vocabulary_cell_volumes(path, decoder: Decoder | None = None, support=N
     """
     import json
 
-    with np.load(path, allow_pickle=False) as z:
+    try:
+        z = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError) as e:
+        raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes ({e})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes (a single array)")
+    with z:
         if "settings" not in z.files:
             raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (no settings)")
         settings = json.loads(str(z["settings"]))
         a = {k: z[k] for k in z.files if k != "settings"}
     if settings.get("kind") != "vocabulary_cell_volumes":
         raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes")
+    if (decoder is None) != (support is None):
+        raise ValueError("decoder, support: pass both (to check that the file was made for "
+                         "them) or neither")
     if decoder is not None:
-        G = support.origin_ellipsoid_map() if support is not None else None
+        G = support.origin_ellipsoid_map()
         if G is None or _fingerprint(decoder, G) != settings["fingerprint"]:
             raise ValueError(f"path: {path} was made for another decoder or support "
                              "(fingerprint of W, bias and G differs)")
+        # the shares are scale-free; the volume is the given support's (G up to scale)
+        settings = {**settings, "support_log_volume": float(support.log_volume)}
     return _vocabulary_result(a, settings)
 
 
@@ -1008,9 +1035,15 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
     if seed is None:
         raise ValueError("seed: expected an int >= 0 or a SeedSequence (a resumed run must draw "
                          "what the first one drew), got None")
+    if isinstance(seed, (np.random.Generator, np.random.BitGenerator)):
+        raise TypeError(f"seed: expected an int >= 0 or a SeedSequence, got a "
+                        f"{type(seed).__name__} (each use advances it, so a resumed run would "
+                        "not draw what the first one drew)")
     n_samples, _, confidence, n_chains, target_se, G, why_not, options = _check_cell_volume_args(
         decoder, support, n_samples, 8192, confidence, interval, "rare-event", n_chains, None,
-        target_se, rare_event_options)
+        target_se, rare_event_options,
+        advice="vocabulary_cell_volumes splits every cell; for these cells use "
+               "cell_volumes(..., method='uniform')")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     if max_chunks is not None:
         max_chunks = check_positive_int(max_chunks, "max_chunks")
@@ -1025,6 +1058,9 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
     with executor_scope(executor, n_jobs) as ex:
         a, settings = _vocabulary_state(path, settings, decoder, support, n_samples, root, ex,
                                         confidence, interval, progress)
+        # the shares are those of the directions (the fingerprint takes G up to scale), the
+        # volume is this support's: a resumed run with a rescaled support keeps the shares
+        settings["support_log_volume"] = float(support.log_volume)
         counted = _counts_suffice(a["counts"], n_samples, n_chains,
                                   options.get("level_prob", 0.5), target_se)
         todo = [j for j in range(0, V, chunk_size) if not a["done"][j:j + chunk_size].all()]

@@ -188,9 +188,6 @@ def test_report_supports_levels_are_refused_as_documented(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.xfail(strict=True, reason="embgeom/volumes.py checks confidence in (0, 1] before "
-                   "binomial_interval refuses 1 with (0, 1): left to the owner of volumes.py "
-                   "(check_probability(confidence, 'confidence', open_right=True))")
 def test_cell_volumes_confidence_message_is_one_interval(W, ball):
     from embgeom.volumes import cell_volumes
 

@@ -103,3 +103,46 @@ def test_the_report_uses_the_file_of_its_own_model_and_support(tmp_path):
     v = cells_report_section(dec, ball, 3000, 2, tmp_path / "rep", unargmaxable="off",
                              progress=False, vocabulary=part)["vocabulary"]
     assert v == {"path": str(part), "complete": False, "n_done": 5}
+
+
+def test_a_rescaled_support_keeps_the_shares_and_takes_its_own_volume(tmp_path):
+    """The file's shares are those of directions, so a resumed run (or a load) with a rescaled
+    ball reads them; its log-volumes are the new ball's: log|B_10| = log|B_1| + 5 log 10 in
+    d = 5 (the trial found a resumed run keeping the first ball's volume, 11.5 nats off)."""
+    import math
+
+    dec, ball = _case()
+    path = tmp_path / "cells.npz"
+    a = vocabulary_cell_volumes(dec, ball, path, 2000, 3, chunk_size=30, n_chains=32,
+                                max_chunks=1, progress=False)
+    big = Ball.from_params(np.zeros(5), 10.0)
+    b = vocabulary_cell_volumes(dec, big, path, 2000, 3, chunk_size=30, n_chains=32,
+                                progress=False)
+    assert b.support_log_volume == pytest.approx(a.support_log_volume + 5 * math.log(10.0))
+    np.testing.assert_array_equal(b.log_fractions[:30], a.log_fractions[:30])
+    hit = b.counts > 0
+    assert hit.sum() > 20
+    np.testing.assert_allclose(b.log_volumes[hit], a.log_volumes[hit] + 5 * math.log(10.0))
+    again = load_vocabulary_cell_volumes(path, dec, ball)
+    assert again.support_log_volume == pytest.approx(a.support_log_volume)
+    with pytest.raises(ValueError, match="pass both"):
+        load_vocabulary_cell_volumes(path, dec)
+
+
+def test_vocabulary_run_refuses_what_it_cannot_resume_or_split(tmp_path):
+    dec, ball = _case()
+    with pytest.raises(TypeError, match="seed: expected an int >= 0 or a SeedSequence, got a Generator"):
+        vocabulary_cell_volumes(dec, ball, tmp_path / "a.npz", 2000, np.random.default_rng(1),
+                                progress=False)
+    biased = Decoder(dec.W_, bias=np.linspace(0, 1, dec.n_tokens))
+    with pytest.raises(ValueError, match=r"has a bias; vocabulary_cell_volumes splits every cell; "
+                                         r"for these cells use cell_volumes\(\.\.\., method='uniform'\)"):
+        vocabulary_cell_volumes(biased, ball, tmp_path / "b.npz", 2000, 0, progress=False)
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    (tmp_path / "text.npz").write_text("not a zip")
+    for p in (tmp_path / "one.npy", tmp_path / "text.npz"):
+        with pytest.raises(ValueError, match="path: .* is not a .npz of vocabulary_cell_volumes"):
+            load_vocabulary_cell_volumes(p)
+    with pytest.raises(FileNotFoundError):
+        load_vocabulary_cell_volumes(tmp_path / "missing.npz")
+    assert not (tmp_path / "a.npz").exists() and not (tmp_path / "b.npz").exists()

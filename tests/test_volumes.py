@@ -372,3 +372,25 @@ def test_origin_ellipsoid_counts_do_not_depend_on_its_scale(scale):
         got = cell_volumes(dec, Ellipsoid.from_params(np.zeros(16), semi_axes=ax * scale, axes=Q),
                            20000, seed=0, method="uniform", progress=False)
     np.testing.assert_array_equal(got.counts, ref.counts)
+
+
+def test_an_unreachable_target_se_is_reported():
+    """Tokens that stop at max_runs above target_se are counted in extra['rare_event'] and
+    warned about (the trial found them silent); a reachable target warns of nothing."""
+    import warnings
+
+    rng = np.random.default_rng(1)
+    dec = Decoder(rng.standard_normal((40, 4)))
+    ball = Ball.from_params(np.zeros(4), 1.0)
+    kw = dict(method="rare-event", tokens=[0, 1, 2], n_chains=32, progress=False,
+              rare_event_options={"max_runs": 2})
+    with pytest.warns(RuntimeWarning, match=r"target_se: \d of 3 split tokens stopped at "
+                                            r"max_runs=2 runs of 32 chains") as rec:
+        cv = cell_volumes(dec, ball, 1000, 0, target_se=1e-3, **kw)
+    measured = int(np.isfinite(cv.log_fractions[[0, 1, 2]]).sum())  # an empty cell has no error
+    assert measured >= 2 and f"{measured} of 3" in str(rec[0].message)
+    assert cv.extra["rare_event"]["n_tokens_above_target_se"] == measured
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cv = cell_volumes(dec, ball, 1000, 0, target_se=5.0, **kw)
+    assert cv.extra["rare_event"]["n_tokens_above_target_se"] == 0

@@ -120,6 +120,11 @@ MAX_BOUNCES = 1000
 #: Fraction of a move's trajectories rejected at :data:`MAX_BOUNCES` above which the run's HMC
 #: time halves for the later moves (:meth:`_Splitter.moves`).
 MAX_REJECTED = 0.1
+#: HMC time below which a run warns that its cone is too thin for the moves to mix: after
+#: seven halvings from pi / 2. A wedge 2^16 times thinner than wide reaches it and errs low by
+#: 0.2-0.6 nats with intervals that miss (2^13: within 0.2); neither LIN-ESS nor an exact Gibbs
+#: move of the radius fixed it (the copies of a survivor stay clones across the wedge).
+HMC_MIN_TIME = 0.5 * math.pi / 128
 
 
 @dataclass
@@ -535,6 +540,7 @@ class _Splitter:
         self.gammas = []  # levels since the last emptiness LP
         self.next_lp = EMPTY_CHECK_LEVELS
         self.t_max = 0.5 * math.pi  # HMC time; halved while trajectories hit MAX_BOUNCES
+        self.warned = False  # the too-thin-cone warning (moves), once per run
 
     def probe(self):
         """Check one chain in each of the first ``n_probes`` groups against every row of ``W``;
@@ -565,6 +571,7 @@ class _Splitter:
         halves for every later move: a cone far thinner than wide (an origin ellipsoid with
         axis ratio 1e7) reflects a quarter-turn thousands of times, and the chains would never
         move. The time is chosen from the levels before, so each level's kernel stays exact.
+        Below :data:`HMC_MIN_TIME` a RuntimeWarning says the estimate may be biased low.
         """
         cs, rng = self.cs, self.rng
         n = X.shape[0]
@@ -576,6 +583,17 @@ class _Splitter:
                 b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t, MAX_BOUNCES)
                 if n and np.count_nonzero(b >= MAX_BOUNCES) > MAX_REJECTED * n:
                     self.t_max *= 0.5
+                    if self.t_max < HMC_MIN_TIME and not self.warned:
+                        import warnings
+
+                        self.warned = True
+                        warnings.warn(
+                            f"rare-event: the cone of token {self.cone.t} is too thin for the "
+                            f"HMC moves (over {MAX_REJECTED:.0%} of trajectories need "
+                            f"{MAX_BOUNCES} reflections at time {self.t_max:.1e}): its chains "
+                            "hardly mix and its estimate may be low by more than its interval "
+                            "(a wedge 10^6 times thinner than wide: 0.2-2 nats)", RuntimeWarning,
+                            stacklevel=2)
             else:
                 theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(n))
                 c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]

@@ -896,6 +896,20 @@ def _save_npz(path, arrays: dict, settings: dict) -> None:
     os.replace(tmp, path)
 
 
+def _open_npz(path):
+    """``np.load(path)`` of a ``.npz`` (no pickles), or ``ValueError`` naming ``path``."""
+    try:
+        z = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError):
+        raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes (not a numpy "
+                         "archive)") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes (a single array)")
+    return z
+
+
 def load_vocabulary_cell_volumes(path, decoder: Decoder | None = None, support=None) -> CellVolumes:
     """The :class:`CellVolumes` kept in a ``.npz`` of :func:`vocabulary_cell_volumes`.
 
@@ -925,18 +939,15 @@ def load_vocabulary_cell_volumes(path, decoder: Decoder | None = None, support=N
     """
     import json
 
-    try:
-        z = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (ValueError, OSError) as e:
-        raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes ({e})") from None
-    if not isinstance(z, np.lib.npyio.NpzFile):
-        raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes (a single array)")
+    z = _open_npz(path)
     with z:
         if "settings" not in z.files:
             raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (no settings)")
-        settings = json.loads(str(z["settings"]))
+        try:
+            settings = json.loads(str(z["settings"]))
+        except json.JSONDecodeError:
+            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (its "
+                             "settings are not JSON)") from None
         a = {k: z[k] for k in z.files if k != "settings"}
     if settings.get("kind") != "vocabulary_cell_volumes":
         raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes")
@@ -1072,9 +1083,13 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
                 confidence=confidence, target_se=target_se, options=options, progress=progress,
                 executor=ex)
             _vocabulary_chunk(a, ids, counted, logs, n_samples, confidence, interval)
+            missed = int(settings.get("rare_event", {}).get("n_tokens_above_target_se", 0))
             settings["rare_event"] = {k: v for k, v in summary.items()
                                       if k not in ("token_sample", "sample_is_all")} \
                 if split.size else settings.get("rare_event", summary)
+            if target_se is not None:  # over every chunk so far, not the last one only
+                settings["rare_event"]["n_tokens_above_target_se"] = missed + int(
+                    summary.get("n_tokens_above_target_se", 0) if split.size else 0)
             settings["seconds"] = float(settings.get("seconds", 0.0) + time.perf_counter() - t0)
             t0 = time.perf_counter()
             settings["n_done"] = int(a["done"].sum())
@@ -1093,7 +1108,8 @@ def _vocabulary_state(path, settings: dict, decoder, support, n_samples, root, e
     fixed = ("kind", "fingerprint", "n_tokens", "n_samples", "seed_entropy", "seed_spawn_key",
              "n_chains", "target_se", "confidence", "interval", "rare_event_options", "chunk_size")
     if os.path.exists(path):
-        with np.load(path, allow_pickle=False) as z:
+        z = _open_npz(path)
+        with z:
             old = json.loads(str(z["settings"])) if "settings" in z.files else {}
             arrays = {k: z[k].copy() for k in z.files if k != "settings"}
         diff = [k for k in fixed if json.dumps(old.get(k)) != json.dumps(settings[k])]

@@ -146,3 +146,27 @@ def test_vocabulary_run_refuses_what_it_cannot_resume_or_split(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_vocabulary_cell_volumes(tmp_path / "missing.npz")
     assert not (tmp_path / "a.npz").exists() and not (tmp_path / "b.npz").exists()
+
+
+def test_resume_over_a_foreign_file_and_the_above_target_count(tmp_path):
+    """A run resumed over a file that is not its .npz names ``path``; the count of tokens that
+    stopped above target_se covers every chunk, not the last one only."""
+    import warnings
+
+    dec, ball = _case()
+    np.save(tmp_path / "x.npy", np.zeros(2))
+    (tmp_path / "t.npz").write_text("text")
+    for p in (tmp_path / "x.npy", tmp_path / "t.npz"):
+        with pytest.raises(ValueError, match="path: .* is not a .npz of vocabulary_cell_volumes"):
+            vocabulary_cell_volumes(dec, ball, p, 2000, 0, progress=False)
+    path = tmp_path / "cells.npz"
+    kw = dict(chunk_size=30, n_chains=32, target_se=1e-4, rare_event_options={"max_runs": 1},
+              progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        one = vocabulary_cell_volumes(dec, ball, path, 2000, 3, max_chunks=1, **kw)
+        n1 = one.extra["rare_event"]["n_tokens_above_target_se"]
+        full = vocabulary_cell_volumes(dec, ball, path, 2000, 3, **kw)
+    split = np.isfinite(full.log_fractions) & (full.token_method == "rare-event")
+    assert 0 < n1 < int(split.sum())
+    assert full.extra["rare_event"]["n_tokens_above_target_se"] == int(split.sum())

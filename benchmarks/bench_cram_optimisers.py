@@ -134,14 +134,16 @@ def summarize(out_dir: Path) -> dict:
     if rows:
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(6.4, 4.2))
+        fig = Figure(figsize=(7.4, 4.2))
         ax = fig.add_subplot()
-        for r in rows:
+        markers = "osD^vP*Xhp"
+        for i, r in enumerate(sorted(rows, key=lambda r: -r["n50"])):
+            # a legend, not labels at the points: several methods share (cost, n50) closely
             ax.errorbar([r["cpu_s_median"]], [r["n50"]],
                         yerr=[[r["n50"] - r["n50_lower"]], [r["n50_upper"] - r["n50"]]],
-                        fmt="o", capsize=3)
-            ax.annotate(f"{r['method']} ({r['n_finished']})", (r["cpu_s_median"], r["n50"]),
-                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+                        fmt=markers[i % len(markers)], capsize=3,
+                        label=f"{r['method']}: {r['n50']:.1f} ({r['n_finished']} targets)")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
         ax.set_xlabel("CPU-seconds per target (median, 1 thread)")
         ax.set_ylabel("n50 = median horizon (tokens)")
         ax.set_title("SmolLM2-135M, m = 1, random tokens: optimisers at equal budget")

@@ -592,7 +592,7 @@ class _Splitter:
                             f"HMC moves (over {MAX_REJECTED:.0%} of trajectories need "
                             f"{MAX_BOUNCES} reflections at time {self.t_max:.1e}): its chains "
                             "hardly mix and its estimate may be low by more than its interval "
-                            "(a wedge 10^6 times thinner than wide: 0.2-2 nats)", RuntimeWarning,
+                            "(a wedge 2^16 times thinner than wide: 0.2-0.6 nats)", RuntimeWarning,
                             stacklevel=2)
             else:
                 theta = _rare_kernels.ess_angles(P, Q, cs.shift, rng.random(n))

@@ -135,6 +135,10 @@ def test_bounds_section_refuses_empty_or_bad_m_values(tmp_path, ball):
                                                    4 * sec["slope"]["cube"]])
     with pytest.raises(ValueError, match=r"m_values: expected at least one number of prompt"):
         _section(tmp_path, ball, m_values=[])
+    with pytest.raises(ValueError, match=r"m_values: expected distinct numbers .* \[2, 2\]"):
+        _section(tmp_path, ball, m_values=[2, 2])
+    with pytest.raises(TypeError, match=r"supports: expected a dict of name -> fitted Support"):
+        _section(tmp_path, ball, supports=[ball])
     with pytest.raises(ValueError, match=r"m_values: expected an integer >= 1, got 0"):
         _section(tmp_path, ball, m_values=[1, 0])
     with pytest.raises(TypeError, match=r"m_values: expected an integer"):

@@ -159,6 +159,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         support fits inside one precision cell, so ``rinf`` is not the scale of the hidden
         states it was fitted to, and ``C`` would be about 0); ``valid`` naming no support (or a
         bare string); ``m_values`` empty or not integers >= 1.
+    TypeError
+        ``supports`` not a mapping of names to supports (a list, say).
     """
     d = check_positive_int(unembedding_facts.get("hidden_size", unembedding_facts.get("d")),
                            "unembedding_facts['hidden_size']")
@@ -166,6 +168,11 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
                            minimum=2)
     rinf = check_positive(rinf, "rinf")
     m_values = _check_m_values(m_values)
+    from collections.abc import Mapping
+
+    if supports is not None and not isinstance(supports, Mapping):
+        raise TypeError("supports: expected a dict of name -> fitted Support (e.g. "
+                        f"{{'ball': ball}}), got {type(supports).__name__}")
     valid = _check_valid(valid, supports or {})
     _check_support_dims(supports or {}, d)
     _check_fraction_count(fractions, V)
@@ -252,6 +259,9 @@ def _check_m_values(m_values) -> tuple:
     if not ms:
         raise ValueError("m_values: expected at least one number of prompt vectors (integers "
                          f">= 1), got {list(m_values)!r}")
+    if len(set(ms)) != len(ms):
+        raise ValueError(f"m_values: expected distinct numbers of prompt vectors, got {list(ms)} "
+                         "(a repeated m would repeat its row of the n* table)")
     return ms
 
 

@@ -287,7 +287,8 @@ def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
         the chain stays at its start (``X`` and ``P`` restored; ``Vel`` and ``Q`` are left
         where the trajectory stopped). Stopping at the cap instead is no exact move (in a
         cone a thousand times thinner than wide every trajectory hit it, and the chains
-        stopped at state-dependent times: a SmolLM2-sized error of 4 nats on a 16-d cell).
+        stopped at state-dependent times: 4 nats low on a 16-d cell of an ellipsoid of axis
+        ratio 1e7, 16 nats on a 2-d wedge).
         Rejecting is exact: the reversed trajectory meets the same walls, so the number of
         reflections, and with it the rejection, is symmetric (a Metropolis step with an
         acceptance of 0 or 1), and ``N(0, I)`` on the polyhedron stays invariant.

@@ -140,7 +140,6 @@ def check_array(
     dtype('float64')
     >>> check_array(np.zeros(2, dtype=np.float16), "H")
     Traceback (most recent call last):
-        ...
     TypeError: H: float16 input is refused (11 significant bits); cast it to float32 or float64 explicitly
     """
     if x is None:

@@ -356,7 +356,9 @@ def _init_worker(fn, names, values, threads: int) -> None:
     import os
 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = str(threads)  # libraries loaded later (torch) read these
+        # this runs in a pool worker that the executor started (never in the caller's
+        # process, whose environment stays as it was); libraries loaded later (torch) read these
+        os.environ[var] = str(threads)
     try:
         from threadpoolctl import threadpool_limits
 

@@ -186,8 +186,19 @@ def test_resume_from_checkpoint_equals_uninterrupted(tiny, tmp_path, monkeypatch
     with pytest.raises(_Stop):
         horizons(tiny, 1, jsonl=tmp_path / "b.jsonl", **kw)
     assert (tmp_path / "b.jsonl.ckpt" / "batch_0.pt").exists()
-    monkeypatch.setattr(_horizons, "_adam_update", real)
+    calls["n"] = 0
+
+    def counting(*a, **k):
+        calls["n"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(_horizons, "_adam_update", counting)
+    horizons(tiny, 1, jsonl=tmp_path / "c.jsonl", **kw)
+    n_whole, calls["n"] = calls["n"], 0
     resumed = horizons(tiny, 1, jsonl=tmp_path / "b.jsonl", **kw)
+    # it resumed from the checkpoint (step 20), not from the start: a checkpoint that failed to
+    # load would restart the batch and give the same horizons, so count the updates
+    assert calls["n"] == n_whole - 20
     np.testing.assert_array_equal(whole.horizons, resumed.horizons)
     for a, b in zip(whole.records, resumed.records):
         for key in ("horizon", "steps", "lengths_steps", "stop_reason", "loss_at_failure"):

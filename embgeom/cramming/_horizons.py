@@ -156,7 +156,7 @@ def _load_checkpoint(path: Path, shash: str):
     if not path.exists():
         return None
     try:
-        ck = torch.load(path, weights_only=False)
+        ck = torch.load(path, weights_only=True)  # tensors, lists, str: no pickle
     except Exception:  # a torn checkpoint: start the batch again
         return None
     if ck.get("settings_hash") != shash:

@@ -25,6 +25,7 @@ Each C_emp job writes ``cram_summary.json`` (read by ``embgeom report --cram-sum
 with the budget sweep's verdict when ``budget_sweep.json`` exists. Usage::
 
     nohup .venv/bin/python benchmarks/capacity.py sweep > runs/sweep.log 2>&1 &
+    nohup .venv/bin/python benchmarks/capacity.py sweep --budgets 10000 > runs/s10k.log 2>&1 &
     .venv/bin/python benchmarks/capacity.py smollm2-tokens --steps-per-length 3000
 """
 
@@ -52,22 +53,60 @@ def _max_length(m: int) -> int:
     return 48 * m + 32
 
 
-def sweep(a) -> dict:
-    from embgeom import adapters
+def _share_records(src: Path, dst: Path) -> int:
+    """Append to ``dst`` the finished targets of ``src`` that ``dst`` lacks; returns how many.
+
+    A horizon record depends only on its settings hash and target index (target j and its seed
+    are drawn by index; n_targets is not in the hash), so the sweep's run at 3,000 updates per
+    length *is* the first 8 targets of ``smollm2-tokens`` at m = 1: sharing them saves hours of
+    one core. Records of other settings are copied too and simply never match."""
+    if not src.exists():
+        return 0
+    key = lambda r: (r.get("settings_hash"), r.get("target_index"))  # noqa: E731
+    have = set()
+    if dst.exists():
+        have = {key(json.loads(x)) for x in dst.read_text().splitlines() if x.strip()}
+    new = [x for x in src.read_text().splitlines()
+           if x.strip() and key(json.loads(x)) not in have]
+    if new:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with open(dst, "a", encoding="utf-8") as fh:
+            fh.write("".join(x + "\n" for x in new))
+    return len(new)
+
+
+def _sweep_dir(b: int) -> Path:
+    return OUT / "sweep" / f"steps{b}"
+
+
+def sweep(a) -> dict | None:
+    """Run the sweep's budgets ``a.budgets`` (two processes may take different budgets); once
+    every budget of :data:`SWEEP_BUDGETS` has its summary, write ``budget_sweep.json``."""
+    from embgeom import _json, adapters
     from embgeom.cramming import budget_converged, run_horizons
 
     lm = adapters.load_model("smollm2-135m")
-    n50 = {}
-    for b in SWEEP_BUDGETS:
-        s = run_horizons(lm, [1], OUT / "sweep" / f"steps{b}", n_targets=8,
+    for b in a.budgets:
+        shared = OUT / "smollm2-tokens" / "horizons.jsonl"
+        _share_records(shared, _sweep_dir(b) / "horizons.jsonl")
+        s = run_horizons(lm, [1], _sweep_dir(b), n_targets=8,
                          max_length=_max_length(1), protocol=a.protocol, steps_per_length=b,
                          seed=0, batch_size=BATCH, progress=sys.stderr.isatty())
-        n50[b] = s["n50"]["1"]["n50"]
+        _share_records(_sweep_dir(b) / "horizons.jsonl", shared)
         print(f"[sweep] {b} updates per length: n50 {s['n50']['1']}", flush=True)
+    n50 = {}
+    for b in SWEEP_BUDGETS:
+        p = _sweep_dir(b) / "cram_summary.json"
+        if not p.exists():
+            print(f"[sweep] budget {b} has no summary yet; no verdict", flush=True)
+            return None
+        summ = json.loads(p.read_text())
+        if summ["settings"]["protocol"]["name"] != a.protocol:
+            raise SystemExit(f"{p}: protocol {summ['settings']['protocol']['name']!r}, "
+                             f"not {a.protocol!r}")
+        n50[b] = summ["n50"]["1"]["n50"]
     verdict = budget_converged(n50)
     verdict.update(protocol=a.protocol, n50_by_budget={str(k): v for k, v in n50.items()})
-    from embgeom import _json
-
     _json.dump(verdict, OUT / "budget_sweep.json")
     print(f"[sweep] {verdict}", flush=True)
     return verdict
@@ -85,6 +124,9 @@ def cemp(a, job: str) -> dict:
         if v.get("protocol") == a.protocol and a.steps_per_length >= v["budgets"][-2]:
             conv = v
     lm = adapters.load_model(model)
+    if job == "smollm2-tokens":
+        _share_records(_sweep_dir(a.steps_per_length) / "horizons.jsonl",
+                       OUT / job / "horizons.jsonl")
     s = run_horizons(lm, ms, OUT / job, n_targets=16,
                      max_length={m: _max_length(m) for m in ms}, target_source=source,
                      protocol=a.protocol, steps_per_length=a.steps_per_length, seed=0,
@@ -151,6 +193,8 @@ def main(argv=None) -> None:
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL)
     p.add_argument("--steps-per-length", type=int, default=3000)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--budgets", type=int, nargs="+", default=list(SWEEP_BUDGETS),
+                   help="sweep: the budgets this process runs (another may run the rest)")
     a = p.parse_args(argv)
     import torch
 

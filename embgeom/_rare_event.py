@@ -146,7 +146,10 @@ class ConeMeasure:
         Which way each figure can err: ``"two-sided"`` (checked against every row of ``W``: the
         error is Monte Carlo only), ``"upper"`` (the working-set cone only, no full check: an
         upper bound up to Monte Carlo error), ``"empty"`` (proven empty), ``"unresolved"`` (the
-        level cap was reached: ``log_upper`` is still an upper bound, ``log_share`` is ``nan``).
+        level cap was reached: ``log_upper`` is still an upper bound, ``log_share`` is ``nan``),
+        ``"exact"`` (a cone in ``k <= 2`` dimensions, :data:`EXACT_MAX_DIM`: its angle, computed
+        exactly up to float64 rounding, :func:`_planar_log_measure`; interval of width 0, no
+        runs).
     n_levels : numpy.ndarray of int64, shape (T,)
         Splitting levels recorded (the full check counts as one).
     n_constraints_used : numpy.ndarray of int64, shape (T,)
@@ -307,6 +310,74 @@ class _Cone:
         if scanned.any():
             val[scanned], ids[scanned] = self.scan(X[scanned], k)
         return val, ids, scanned
+
+
+#: Cones of at most this many dimensions (``k``, the range of ``G``) are measured exactly
+#: (:func:`_planar_log_measure`), not sampled.
+EXACT_MAX_DIM = 2
+
+
+def _exact_cross_dot(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """``a x b`` and ``a . b`` of two float64 2-vectors, each exact then rounded once (float64
+    values are dyadic rationals): no cancellation error even for nearly parallel vectors."""
+    from fractions import Fraction
+
+    ax, ay, bx, by = (Fraction(float(v)) for v in (a[0], a[1], b[0], b[1]))
+    return float(ax * by - ay * bx), float(ax * bx + ay * by)
+
+
+def _planar_log_measure(cone: _Cone) -> float:
+    """Exact ``log P(x in C_t)`` (nats) of a cone in ``k <= 2`` dimensions, ``x ~ N(0, I_k)``.
+
+    The Gaussian measure of a cone is the uniform measure of its directions. ``k = 1``: the
+    constraints ``a_s x >= 0`` (scalars) leave the half-line of their common sign, share 1/2,
+    or only the origin (-inf); no constraint leaves all of R, share 1. ``k = 2``: each
+    constraint keeps a half-circle of directions; the normals ``a_s`` leave an arc only when
+    they lie in an open half-circle (the widest gap between their angles exceeds pi, decided by
+    the exact sign of the cross product of the gap's two normals; else only the origin, -inf),
+    and the arc's angle is ``pi`` less the normals' spread: the smallest over pairs of
+    ``pi - angle(a_r, a_l) = atan2(|a_r x a_l|, -a_r . a_l)``, cross and dot products exact
+    then rounded once, so a wedge ``1e-15`` of the circle keeps about 15 digits (``pi`` less an
+    angle near ``pi`` would keep none). The pairs are the normals within ``1e-9`` rad of either
+    end of the gap in angle order. Share: the angle over ``2 pi``. Ties (``inv_norm == 0``)
+    are no constraints. Splitting's moves stop mixing in wedges ``2^16`` times thinner than
+    wide; this is exact at any width.
+    """
+    live = np.flatnonzero(cone.inv_norm > 0)
+    if live.size == 0:
+        return 0.0
+    A = cone.wt[None, :] - cone.WG32[live].astype(np.float64)  # exact differences of float32
+    if A.shape[1] == 1:
+        a = A[:, 0]
+        return math.log(0.5) if bool(np.all(a > 0) or np.all(a < 0)) else -math.inf
+    n = A.shape[0]
+    ang = np.arctan2(A[:, 1], A[:, 0])
+    order = np.argsort(ang, kind="stable")
+    phi = ang[order]
+    gaps = np.diff(np.concatenate([phi, phi[:1] + 2 * math.pi]))
+    # at most one gap exceeds pi (they sum to 2 pi), but two may round to pi (a wedge 1e-31 of
+    # the circle): there the exact sign decides (the angles are good to ~1e-16 rad)
+    for i in np.flatnonzero(gaps >= math.pi - 1e-12):
+        j = (int(i) + 1) % n
+        if n == 1 or gaps[i] > math.pi + 1e-12:
+            break
+        cr, dt = _exact_cross_dot(A[order[i]], A[order[j]])
+        # the turn from a_i counter-clockwise to a_j exceeds pi iff its sine is negative (or it
+        # is a full turn: normals of one direction); exactly pi (opposite normals): a line
+        if cr < 0.0 or (cr == 0.0 and dt > 0.0):
+            break
+    else:
+        return -math.inf
+    i = int(i)
+    near = lambda k0, step: [order[(k0 + step * m) % n] for m in range(n)  # noqa: E731
+                             if abs(math.remainder(phi[(k0 + step * m) % n] - phi[k0],
+                                                   2 * math.pi)) <= 1e-9]
+    wedge = math.pi
+    for r in near(i, -1):
+        for le in near(j, 1):
+            cr, dt = _exact_cross_dot(A[r], A[le])
+            wedge = min(wedge, math.atan2(abs(cr), -dt))
+    return math.log(wedge) - math.log(2 * math.pi) if wedge > 0.0 else -math.inf
 
 
 # --------------------------------------------------------------------------------------------
@@ -893,7 +964,10 @@ def log_cone_gaussian_measure(
     For every requested token ``t`` estimates ``log P(x in C_t)``, ``x ~ N(0, I_k)``,
     ``C_t = {x : (w_t - w_s)^T G x >= 0 for all s != t}``: the share of ``S = G B`` held by the
     decoder cell of ``t`` when the decoder has no bias (module docstring: multilevel splitting
-    with exact elliptical slice sampling for linear constraints).
+    with exact elliptical slice sampling for linear constraints). A cone of ``k <= 2``
+    dimensions (``d <= 2``, or a ``G`` of rank 1 or 2) is not sampled: its share is its angle,
+    exactly (``side == "exact"``, an interval of width 0; the sampler's moves stop mixing in
+    wedges ``2^16`` times thinner than wide, where the exact angle keeps its digits).
 
     Parameters
     ----------
@@ -1119,6 +1193,13 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
             out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = -np.inf
             out["std_err"][i] = 0.0
             side[i] = "empty"
+        elif WG32.shape[1] <= EXACT_MAX_DIM:  # a planar cone: its angle, exactly
+            lp = _planar_log_measure(cone)
+            out["log_share"][i] = out["log_lower"][i] = out["log_upper"][i] = lp
+            out["std_err"][i] = 0.0
+            out["log_check_fraction"][i] = 0.0
+            tallies["n_constraints_used"][i] = cone.n_constraints
+            side[i] = "exact" if lp > -np.inf else "empty"
         else:
             estimate = _token_runs(cone, _token_seed(root, int(t)), settings, move=move,
                                    working_set=working_set, full_check=full_check)

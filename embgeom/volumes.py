@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels
-from ._rare_event import (ConeMeasure, _seed_record, log_cone_gaussian_measure,
+from ._rare_event import (EXACT_MAX_DIM, ConeMeasure, _seed_record, log_cone_gaussian_measure,
                           measure_cones, prepare_cones)
 from ._stats import binomial_interval, wilson_interval
 from ._validation import check_positive, check_positive_int, check_probability, seed_sequence
@@ -80,7 +80,9 @@ class CellVolumes:
         logs of ``lower`` and ``upper``.
     token_method : numpy.ndarray of str, shape (n_tokens,)
         Which estimator produced each token's log figures: ``"rare-event"``, ``"uniform"``,
-        ``"empty"`` (proven empty) or ``"not estimated"`` (outside the token sample; its
+        ``"exact"`` (a cone of at most 2 dimensions, ``d <= 2`` or a support map ``G`` of rank
+        <= 2: its angle, exact up to float64 rounding, an interval of width 0), ``"empty"``
+        (proven empty) or ``"not estimated"`` (outside the token sample; its
         ``log_fractions`` is ``nan``, the uniform fields still hold).
     estimator : {"uniform", "rare-event"}
         Which estimator produced the log figures as a whole: ``"uniform"`` (counts only) or
@@ -431,6 +433,15 @@ def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
     return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
 
 
+def _cone_dim(decoder, G) -> int:
+    """Dimension ``k`` of the cones the rare-event estimator measures: ``d``, or the rank of
+    ``G`` (its range, as :func:`embgeom._rare_event.prepare_cones` reduces it)."""
+    if G is None:
+        return int(decoder.dim)
+    sv = np.linalg.svd(np.asarray(G, np.float64), compute_uv=False)
+    return int(np.sum(sv > sv[0] * 1e-12)) if sv.size and sv[0] > 0 else 0
+
+
 def _counts_suffice(counts, n: int, n_chains: int, level_prob: float,
                     target_se: float | None = None) -> np.ndarray:
     """bool: the uniform count's log-standard error is no larger than the one splitting would reach.
@@ -631,7 +642,8 @@ def cell_volumes(
         or one run of ``n_chains`` chains when ``target_se`` is None; with 20,000 samples and
         the defaults, shares above about 3.5e-3) keeps its count (``token_method`` "uniform";
         ``extra["rare_event"]["n_by_counts"]`` counts them) and is not split.
-        ``"rare-event"`` splits every sampled token.
+        ``"rare-event"`` splits every sampled token. With either, cones of at most 2 dimensions
+        are not split but measured exactly (``token_method`` "exact"), counts or not.
     tokens : "auto", None, int or array_like of int, default "auto"
         Tokens given a rare-event estimate: ``None`` every token, an int a seeded uniform
         sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
@@ -704,7 +716,7 @@ def cell_volumes(
         if estimator == "rare-event":
             ids = _token_sample(tokens, decoder.n_tokens, root)
             counted = np.zeros(ids.size, bool)
-            if method == "auto":
+            if method == "auto" and _cone_dim(decoder, G) > EXACT_MAX_DIM:  # else exact angles
                 counted = _counts_suffice(counts[ids], n_samples, n_chains,
                                           (rare_event_options or {}).get("level_prob", 0.5),
                                           target_se)
@@ -841,7 +853,8 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
     log_f, log_lo, log_hi = (np.full(V, np.nan) for _ in range(3))
     method = np.full(V, "not estimated", dtype="<U13")
     log_f[ids], log_lo[ids], log_hi[ids] = r.log_share, r.log_lower, r.log_upper
-    method[ids] = np.where(r.side == "empty", "empty", "rare-event")
+    method[ids] = np.select([r.side == "empty", r.side == "exact"], ["empty", "exact"],
+                            "rare-event")
     n_runs = np.zeros(V, dtype=np.int64)
     n_runs[ids] = r.n_runs
     summary = {**r.to_dict(), "token_sample": int(ids.size), "sample_is_all": bool(ids.size == V)}
@@ -865,7 +878,7 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
 # every cell of the vocabulary, resumable
 # --------------------------------------------------------------------------------------------
 #: Codes of ``token_method`` in the ``.npz`` of :func:`vocabulary_cell_volumes`.
-_METHOD_CODES = ("not estimated", "rare-event", "uniform", "empty")
+_METHOD_CODES = ("not estimated", "rare-event", "uniform", "empty", "exact")  # append only
 
 
 def _fingerprint(decoder: Decoder, G) -> str:

@@ -243,7 +243,7 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     method = getattr(cv, "token_method", None)
     is_rare = getattr(cv, "estimator", None) == "rare-event"
     rare = (np.zeros(cv.counts.size, bool) if method is None or not is_rare else
-            np.isin(np.asarray(method), ("rare-event", "uniform")))  # the sampled, estimated
+            np.isin(np.asarray(method), ("rare-event", "uniform", "exact")))  # the sampled, estimated
     if rare.any():  # rare-event log-shares: every estimated token, no zero-hit bar
         hit = rare
         n_empty = int((np.asarray(method) == "empty").sum())

@@ -114,16 +114,22 @@ EMPTY_CHECK_LEVELS = 64
 SE_INFLATION = 1.0
 #: Largest Gram matrix (constraints) built without a working set (16384^2 float64: 2 GiB).
 MAX_GRAM = 16384
-#: Cap on reflections per exact-HMC trajectory: a trajectory that needs more is rejected (the
-#: chain stays where it was, an exact move: :func:`embgeom._rare_kernels.hmc_trajectories`).
+#: Least cap on reflections per exact-HMC trajectory: a trajectory that needs more is rejected
+#: (the chain stays where it was, an exact move: :func:`embgeom._rare_kernels.hmc_trajectories`).
 MAX_BOUNCES = 1000
+#: The cap grows where reflections are cheap (:func:`_bounce_cap`): a reflection costs about
+#: ``M + k`` operations (``M`` constraints, ``k`` dimensions), and a trajectory may spend this
+#: many, up to :data:`MAX_BOUNCES_CHEAP` reflections.
+BOUNCE_WORK = 2_000_000
+MAX_BOUNCES_CHEAP = 100_000
 #: Fraction of a move's trajectories rejected at :data:`MAX_BOUNCES` above which the run's HMC
 #: time halves for the later moves (:meth:`_Splitter.moves`).
 MAX_REJECTED = 0.1
 #: HMC time below which a run warns that its cone is too thin for the moves to mix: after
-#: seven halvings from pi / 2. A wedge 2^16 times thinner than wide reaches it and errs low by
-#: 0.2-0.6 nats with intervals that miss (2^13: within 0.2); neither LIN-ESS nor an exact Gibbs
-#: move of the radius fixed it (the copies of a survivor stay clones across the wedge).
+#: seven halvings from pi / 2. With the cap at 1,000 reflections a wedge 2^16 times thinner than
+#: wide reached it and erred low by 0.2-0.6 nats with intervals that missed; neither LIN-ESS nor
+#: an exact Gibbs move of the radius fixed it, a cap scaled to the reflections' cost
+#: (:func:`_bounce_cap`) did where the working set is small.
 HMC_MIN_TIME = 0.5 * math.pi / 128
 
 
@@ -383,6 +389,20 @@ def _planar_log_measure(cone: _Cone) -> float:
 # --------------------------------------------------------------------------------------------
 # the splitting sampler
 # --------------------------------------------------------------------------------------------
+def _bounce_cap(M: int, k: int) -> int:
+    """Reflections allowed per trajectory with ``M`` working constraints in ``k`` dimensions:
+    ``BOUNCE_WORK / (M + k)`` within ``[MAX_BOUNCES, MAX_BOUNCES_CHEAP]``.
+
+    A cone far thinner than wide needs thousands of reflections per quarter-turn; rejecting
+    them shortens the HMC time until the chains hardly mix. With few constraints they cost
+    little: a wedge 8,192 times thinner than wide, rotated into 16-d (3 rows), went from 0.15
+    nats low with coverage 0.65 at a cap of 1,000 to 0.01 and 1.00 (20 seeds, 3x the time); at
+    2^16 in 8-d to +0.00 and 0.90. At SmolLM2's size (``M + k >= 600``) the cap stays within
+    a few thousand, and no trajectory there came near 1,000.
+    """
+    return int(min(MAX_BOUNCES_CHEAP, max(MAX_BOUNCES, BOUNCE_WORK // max(M + k, 1))))
+
+
 def _stalled(gammas: list) -> bool:
     """Whether the levels have stopped approaching the cone (an empty cone's sign).
 
@@ -636,7 +656,8 @@ class _Splitter:
         (HMC with reflections for time ``min(t_max, self.t_max)``, or LIN-ESS); ``X`` and ``P``
         are updated in place and returned.
 
-        A trajectory that needs :data:`MAX_BOUNCES` reflections is rejected (the chain stays:
+        A trajectory that needs more reflections than :func:`_bounce_cap` allows (at least
+        :data:`MAX_BOUNCES`) is rejected (the chain stays:
         :func:`embgeom._rare_kernels.hmc_trajectories`). When more than
         :data:`MAX_REJECTED` of a move's trajectories are, the run's HMC time ``self.t_max``
         halves for every later move: a cone far thinner than wide (an origin ellipsoid with
@@ -647,12 +668,13 @@ class _Splitter:
         cs, rng = self.cs, self.rng
         n = X.shape[0]
         t = self.t_max if t_max is None else min(t_max, self.t_max)
+        cap = _bounce_cap(cs.M, self.k)
         for _ in range(self.n_moves):
             nu = rng.standard_normal((n, self.k))
             Q = np.ascontiguousarray(nu @ cs.A.T)
             if self.move == "hmc":
-                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t, MAX_BOUNCES)
-                if n and np.count_nonzero(b >= MAX_BOUNCES) > MAX_REJECTED * n:
+                b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t, cap)
+                if n and np.count_nonzero(b >= cap) > MAX_REJECTED * n:
                     self.t_max *= 0.5
                     if self.t_max < HMC_MIN_TIME and not self.warned:
                         import warnings
@@ -661,7 +683,7 @@ class _Splitter:
                         warnings.warn(
                             f"rare-event: the cone of token {self.cone.t} is too thin for the "
                             f"HMC moves (over {MAX_REJECTED:.0%} of trajectories need "
-                            f"{MAX_BOUNCES} reflections at time {self.t_max:.1e}): its chains "
+                            f"{cap} reflections at time {self.t_max:.1e}): its chains "
                             "hardly mix and its estimate may be low by more than its interval "
                             "(a wedge 2^16 times thinner than wide: 0.2-0.6 nats)", RuntimeWarning,
                             stacklevel=2)

@@ -243,7 +243,12 @@ class _Cone:
             diff = wt - WG32[s].astype(np.float64)
             n2 = float(diff @ diff)
             nsq[s] = n2
-            if s == t or n2 <= 1e-24 * scale or np.array_equal(W32[s], W32[t]):
+            # a tie only where the rows of W G are equal: distinct float32 rows are distinct
+            # cells in exact arithmetic, however small their difference against the largest row
+            # (two rows 1e-20 times it, pointing opposite ways, used to tie; so did (1, 0.5e-25)
+            # and (1, 2e-25), whose cells are quarter-planes). diff is exact for float32 rows
+            # within 29 binary orders of each other, and non-zero for distinct ones beyond that.
+            if s == t or n2 == 0.0 or np.array_equal(W32[s], W32[t]):
                 tie[s] = True
         tie[t] = True
         self.empty = bool(np.any(np.flatnonzero(tie) < t))  # a tied lower id wins every tie
@@ -323,13 +328,21 @@ class _Cone:
 EXACT_MAX_DIM = 2
 
 
-def _exact_cross_dot(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """``a x b`` and ``a . b`` of two float64 2-vectors, each exact then rounded once (float64
-    values are dyadic rationals): no cancellation error even for nearly parallel vectors."""
+def _exact_normal(cone: _Cone, s: int):
+    """``w_t - w_s`` (rows of ``W G`` in float32) as two exact fractions: float64 differences of
+    float32 values lose digits once their exponents differ by more than 29 bits."""
     from fractions import Fraction
 
-    ax, ay, bx, by = (Fraction(float(v)) for v in (a[0], a[1], b[0], b[1]))
-    return float(ax * by - ay * bx), float(ax * bx + ay * by)
+    return tuple(Fraction(float(cone.wt[c])) - Fraction(float(cone.WG32[s, c])) for c in (0, 1))
+
+
+def _exact_cross_dot(a, b) -> tuple[float, float]:
+    """``a x b`` and ``a . b`` of two exact 2-vectors (fractions), each rounded once."""
+    return float(a[0] * b[1] - a[1] * b[0]), float(a[0] * b[0] + a[1] * b[1])
+
+
+#: Normals whose float angles are closer than this (rad) are put in order exactly.
+_ANGLE_TIE = 1e-13
 
 
 def _planar_log_measure(cone: _Cone) -> float:
@@ -339,51 +352,66 @@ def _planar_log_measure(cone: _Cone) -> float:
     constraints ``a_s x >= 0`` (scalars) leave the half-line of their common sign, share 1/2,
     or only the origin (-inf); no constraint leaves all of R, share 1. ``k = 2``: each
     constraint keeps a half-circle of directions; the normals ``a_s`` leave an arc only when
-    they lie in an open half-circle (the widest gap between their angles exceeds pi, decided by
-    the exact sign of the cross product of the gap's two normals; else only the origin, -inf),
-    and the arc's angle is ``pi`` less the normals' spread: the smallest over pairs of
-    ``pi - angle(a_r, a_l) = atan2(|a_r x a_l|, -a_r . a_l)``, cross and dot products exact
-    then rounded once, so a wedge ``1e-15`` of the circle keeps about 15 digits (``pi`` less an
-    angle near ``pi`` would keep none). The pairs are the normals within ``1e-9`` rad of either
-    end of the gap in angle order. Share: the angle over ``2 pi``. Ties (``inv_norm == 0``)
-    are no constraints. Splitting's moves stop mixing in wedges ``2^16`` times thinner than
-    wide; this is exact at any width.
+    they lie in an open half-circle, i.e. when the turn from one normal to the next (in angle
+    order) exceeds pi somewhere, and the arc's angle is that turn less pi:
+    ``atan2(|a_i x a_j|, -a_i . a_j)`` for the two normals ``a_i, a_j`` that bound it. The
+    normals are exact (fractions of the float32 rows), their angle order is exact (float angles
+    closer than :data:`_ANGLE_TIE` are ordered by the sign of their exact cross product, so
+    normals whose angles round alike cannot swap), and the turn's sign and the cross and dot
+    products are exact before one rounding: a wedge ``1e-15`` of the circle keeps about 15
+    digits, and an empty cell is never given a share. Share: the angle over ``2 pi``. Ties
+    (``inv_norm == 0``) are no constraints. O(V log V) per token.
     """
+    import functools
+
     live = np.flatnonzero(cone.inv_norm > 0)
     if live.size == 0:
         return 0.0
-    A = cone.wt[None, :] - cone.WG32[live].astype(np.float64)  # exact differences of float32
-    if A.shape[1] == 1:
+    A = cone.wt[None, :] - cone.WG32[live].astype(np.float64)  # rounded: the angle order only
+    if A.shape[1] == 1:  # a float difference has the exact sign of the exact one
         a = A[:, 0]
         return math.log(0.5) if bool(np.all(a > 0) or np.all(a < 0)) else -math.inf
     n = A.shape[0]
     ang = np.arctan2(A[:, 1], A[:, 0])
-    order = np.argsort(ang, kind="stable")
-    phi = ang[order]
-    gaps = np.diff(np.concatenate([phi, phi[:1] + 2 * math.pi]))
-    # at most one gap exceeds pi (they sum to 2 pi), but two may round to pi (a wedge 1e-31 of
-    # the circle): there the exact sign decides (the angles are good to ~1e-16 rad)
-    for i in np.flatnonzero(gaps >= math.pi - 1e-12):
-        j = (int(i) + 1) % n
-        if n == 1 or gaps[i] > math.pi + 1e-12:
-            break
-        cr, dt = _exact_cross_dot(A[order[i]], A[order[j]])
-        # the turn from a_i counter-clockwise to a_j exceeds pi iff its sine is negative (or it
-        # is a full turn: normals of one direction); exactly pi (opposite normals): a line
-        if cr < 0.0 or (cr == 0.0 and dt > 0.0):
-            break
-    else:
-        return -math.inf
-    i = int(i)
-    near = lambda k0, step: [order[(k0 + step * m) % n] for m in range(n)  # noqa: E731
-                             if abs(math.remainder(phi[(k0 + step * m) % n] - phi[k0],
-                                                   2 * math.pi)) <= 1e-9]
-    wedge = math.pi
-    for r in near(i, -1):
-        for le in near(j, 1):
-            cr, dt = _exact_cross_dot(A[r], A[le])
-            wedge = min(wedge, math.atan2(abs(cr), -dt))
-    return math.log(wedge) - math.log(2 * math.pi) if wedge > 0.0 else -math.inf
+    srt = np.sort(ang)
+    gaps = np.diff(np.concatenate([srt, srt[:1] + 2 * math.pi]))
+    g = int(np.argmax(gaps))
+    # angles from the middle of the widest gap: no run of near-equal angles wraps around
+    rel = np.mod(ang - (srt[g] + 0.5 * gaps[g]), 2 * math.pi)
+    order = np.argsort(rel, kind="stable")
+    exact = {}
+
+    def normal(i):
+        if i not in exact:
+            exact[i] = _exact_normal(cone, int(live[i]))
+        return exact[i]
+
+    def ccw(i, j):  # i before j when j is counter-clockwise of i (they are < pi apart)
+        a, b = normal(i), normal(j)
+        c = a[0] * b[1] - a[1] * b[0]
+        return -1 if c > 0 else (1 if c < 0 else 0)
+
+    r = rel[order]
+    runs = np.flatnonzero(np.diff(r) > _ANGLE_TIE) + 1
+    for lo, hi in zip(np.r_[0, runs], np.r_[runs, n]):
+        if hi - lo > 1:
+            order[lo:hi] = sorted(order[lo:hi].tolist(), key=functools.cmp_to_key(ccw))
+    # candidate turns: consecutive normals (the last to the first across the origin of rel)
+    # whose float turn is near or above pi; at most one exceeds pi exactly, and an empty cell's
+    # turns are all at most pi. Two may round to pi (a wedge of 1e-31): the exact sign decides.
+    i, j = int(order[-1]), int(order[0])
+    if i == j or (ccw(i, j) == 0 and _exact_cross_dot(normal(i), normal(j))[1] > 0):
+        return math.log(0.5)  # one normal, or all of one direction: a half-plane
+    rs = rel[order]
+    cands = [(int(order[k]), int(order[k + 1])) for k in
+             np.flatnonzero(np.diff(rs) >= math.pi - 1e-12)]
+    if 2 * math.pi - (rs[-1] - rs[0]) >= math.pi - 1e-12:
+        cands.append((i, j))
+    for a, b in cands:
+        cr, dt = _exact_cross_dot(normal(a), normal(b))
+        if cr < 0.0:  # the turn from a_a counter-clockwise to a_b exceeds pi
+            return math.log(math.atan2(-cr, -dt)) - math.log(2 * math.pi)
+    return -math.inf
 
 
 # --------------------------------------------------------------------------------------------
@@ -1171,12 +1199,15 @@ def prepare_cones(W, G=None) -> ConeSetup:
     else:
         W32 = np.ascontiguousarray(np.ldexp(np.asarray(Wc, dtype=np.float64), shift), dtype=np.float32)
     V, d = W32.shape
-    if G is None:
+    G64 = None if G is None else check_array(G, "G", ndim=2, dtype=None).astype(np.float64)
+    if G64 is not None and G64.shape[0] != d:
+        raise ValueError(f"G: expected shape ({d}, k) (S = G B in the hidden space), got {G64.shape}")
+    if G64 is not None and G64.shape[1] == d and G64[0, 0] != 0.0 and np.array_equal(
+            G64, G64[0, 0] * np.eye(d)):
+        G64 = None  # r I (the origin ball): the cones of W itself, without a second rounding
+    if G64 is None:
         WG32 = W32
     else:
-        G64 = check_array(G, "G", ndim=2, dtype=None).astype(np.float64)
-        if G64.shape[0] != d:
-            raise ValueError(f"G: expected shape ({d}, k) (S = G B in the hidden space), got {G64.shape}")
         # only G's range matters (y = G x): drop its null directions exactly, or float32 round-off
         # of W G leaves them as spurious thin cones (LayerNorm's shell has rank d - 1)
         U, sv, _ = np.linalg.svd(G64, full_matrices=False)

@@ -784,3 +784,38 @@ def test_planar_cells_agree_with_counts_and_tile_the_plane():
     se = np.sqrt(p * (1 - p) / cv.n_samples)
     assert np.all(np.abs(cv.fractions[est] - p) <= 4 * se + 1e-12)
     assert np.all(cv.counts[~est] == 0)
+
+
+def test_planar_cones_at_extreme_ratios():
+    """A trial's cases, each once wrong (truths from exact hull geometry of the float32 rows):
+    distinct rows far smaller than the largest, or differing far below it, are distinct cells,
+    not ties; normals whose float angles round alike are put in order exactly, so an empty
+    cell gets no share; differences of rows 60 binary orders apart are taken exactly; an origin
+    ball of radius 3 gives the shares of W itself (no second float32 rounding of 3 W); nearly
+    collinear rows cost O(V log V), not O(V^2) exact products."""
+    from embgeom.cells import Decoder
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    h, q = math.log(0.5), math.log(0.25)
+    np.testing.assert_allclose(
+        log_cone_gaussian_measure(np.array([[1.0, 0], [0, 1e-20], [0, -1e-20]])).log_share,
+        [h, q, q], rtol=0, atol=1e-12)
+    r = log_cone_gaussian_measure(np.array([[1.0, 0], [0.5, 1e20], [0.5, -1e20], [-1, 0]]), [3])
+    assert abs(r.log_share[0] - -46.79096666) < 1e-6
+    r = log_cone_gaussian_measure(np.array([[0.0, 0], [-1, 1e-25], [1, -0.5e-25], [1, -2e-25]]))
+    np.testing.assert_allclose(r.log_share, [-np.inf, h, q, q], rtol=0, atol=1e-12)
+    r = log_cone_gaussian_measure(np.array([[0.0, 0], [-1, 1e-25], [1, -0.5e-25], [2, -4e-25]]),
+                                  [0])
+    assert r.log_share[0] == -np.inf and r.side[0] == "empty"
+    r = log_cone_gaussian_measure(np.array([[-0.5, 0.5], [0.5, -0.5], [2.0**-60, 2.0**-60]]), [2])
+    assert abs(r.log_share[0] - -42.04041354) < 1e-6
+    a = np.float32(0.7015565037727356)
+    W = np.array([[-1, a], [0, np.nextafter(a, np.float32(2))], [1, a], [0, -1]], np.float32)
+    cv = cell_volumes(Decoder(W), Ball.from_params(np.zeros(2), 3.0), 1000, seed=0,
+                      progress=False)
+    assert abs(cv.log_fractions[1] - -17.78026222) < 1e-6
+    np.testing.assert_array_equal(cv.log_fractions, log_cone_gaussian_measure(W).log_share)
+    x = np.sort(np.random.default_rng(0).uniform(-1, 1, 3000))
+    r = log_cone_gaussian_measure(np.c_[x, 1e-10 * x**2], [1500])  # took minutes
+    assert np.isfinite(r.log_share[0]) and r.side[0] == "exact"

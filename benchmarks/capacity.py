@@ -53,21 +53,29 @@ def _max_length(m: int) -> int:
     return 48 * m + 32
 
 
-def _share_records(src: Path, dst: Path) -> int:
-    """Append to ``dst`` the finished targets of ``src`` that ``dst`` lacks; returns how many.
+def _share_records(src: Path, dst: Path, steps_per_length: int) -> int:
+    """Append to ``dst`` the finished targets of ``src`` run at ``steps_per_length`` updates per
+    length that ``dst`` lacks; returns how many.
 
     A horizon record depends only on its settings hash and target index (target j and its seed
     are drawn by index; n_targets is not in the hash), so the sweep's run at 3,000 updates per
     length *is* the first 8 targets of ``smollm2-tokens`` at m = 1: sharing them saves hours of
-    one core. Records of other settings are copied too and simply never match."""
+    one core. Only records of the destination's budget are copied, so each file holds the runs
+    of its own budget and nothing a reader could mistake for them."""
     if not src.exists():
         return 0
     key = lambda r: (r.get("settings_hash"), r.get("target_index"))  # noqa: E731
     have = set()
     if dst.exists():
         have = {key(json.loads(x)) for x in dst.read_text().splitlines() if x.strip()}
-    new = [x for x in src.read_text().splitlines()
-           if x.strip() and key(json.loads(x)) not in have]
+    new = []
+    for x in src.read_text().splitlines():
+        if not x.strip():
+            continue
+        r = json.loads(x)
+        if (r.get("settings") or {}).get("steps_per_length") == steps_per_length \
+                and key(r) not in have:
+            new.append(x)
     if new:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with open(dst, "a", encoding="utf-8") as fh:
@@ -88,11 +96,11 @@ def sweep(a) -> dict | None:
     lm = adapters.load_model("smollm2-135m")
     for b in a.budgets:
         shared = OUT / "smollm2-tokens" / "horizons.jsonl"
-        _share_records(shared, _sweep_dir(b) / "horizons.jsonl")
+        _share_records(shared, _sweep_dir(b) / "horizons.jsonl", b)
         s = run_horizons(lm, [1], _sweep_dir(b), n_targets=8,
                          max_length=_max_length(1), protocol=a.protocol, steps_per_length=b,
                          seed=0, batch_size=BATCH, progress=sys.stderr.isatty())
-        _share_records(_sweep_dir(b) / "horizons.jsonl", shared)
+        _share_records(_sweep_dir(b) / "horizons.jsonl", shared, b)
         print(f"[sweep] {b} updates per length: n50 {s['n50']['1']}", flush=True)
     n50 = {}
     for b in SWEEP_BUDGETS:
@@ -126,7 +134,7 @@ def cemp(a, job: str) -> dict:
     lm = adapters.load_model(model)
     if job == "smollm2-tokens":
         _share_records(_sweep_dir(a.steps_per_length) / "horizons.jsonl",
-                       OUT / job / "horizons.jsonl")
+                       OUT / job / "horizons.jsonl", a.steps_per_length)
     s = run_horizons(lm, ms, OUT / job, n_targets=16,
                      max_length={m: _max_length(m) for m in ms}, target_source=source,
                      protocol=a.protocol, steps_per_length=a.steps_per_length, seed=0,

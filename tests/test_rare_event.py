@@ -256,6 +256,24 @@ def test_working_set_with_redundant_rows():
     assert r.n_full_checks[0] > 0
     assert abs(r.log_share[0] - lt) <= min(0.3, 4 * r.std_err[0])
 
+def test_auto_working_set_threshold_is_not_the_cap():
+    """The cap's default rose to 4,096, the "auto" threshold stayed at 2,048 (or the cap, if
+    lower): an orthant with 2,500 redundant rows takes a working set, and sizes its cap at
+    4,096 without touching it; with working_set=False every constraint is in from the start."""
+    W, lt = orthant(6, 8, seed=3, n_redundant=2500)
+    n_cons = W.shape[0] - 1
+    assert _rare_event.AUTO_WORKING_SET < n_cons < 4096
+    auto = log_cone_gaussian_measure(W, [0], n_chains=128, seed=1)
+    assert auto.n_full_checks[0] > 0 and auto.n_constraints_used[0] < n_cons
+    assert abs(auto.log_share[0] - lt) <= min(0.3, 4 * auto.std_err[0])
+    # a cap below the threshold is the threshold, as before
+    low = log_cone_gaussian_measure(W, [0], n_chains=128, seed=1, max_constraints=64)
+    assert low.n_full_checks[0] > 0 and low.n_constraints_used[0] <= 64
+    every = log_cone_gaussian_measure(W, [0], n_chains=128, seed=1, working_set=False)
+    assert every.n_full_checks[0] == 0 and every.n_constraints_used[0] == n_cons
+    assert abs(every.log_share[0] - lt) <= min(0.3, 4 * every.std_err[0])
+
+
 
 def test_check_screen_keeps_the_scan_verdict():
     """A full check screened by known rows (earlier chains' cutting rows) gives every point the

@@ -4,7 +4,7 @@ Three parts (issue 22, items 3 and 4), each written to ``benchmarks/results/rare
 
 ``truth``  Cells whose share is known exactly, randomly rotated, run through
     ``cell_volumes(decoder, Ball(0, 1), N_SAMPLES, seed=s, tokens=[t])`` with every other
-    argument at its default (``method="auto"``, runs of 128 chains until the standard error
+    argument at its default (``method="auto"``, blocks of 128 chains until the standard error
     is ``target_se = 0.12`` nats, at most 32): orthants ``{x_i > 0, i < k}``
     (share ``2^-k``; with 3,000 redundant rows the working-set path is taken), the
     cross-polytope (``1 / (2 d)``), the regular simplex's simplicial cones (``1 / (d + 1)``) and
@@ -588,10 +588,10 @@ def run_cost(args) -> dict:
 
 def _markdown(res: dict) -> str:
     if res["part"] == "truth":
-        lines = [f"Truth cases at the default budget of `cell_volumes` (method='auto', runs of 128 "
+        lines = [f"Truth cases at the default budget of `cell_volumes` (method='auto', blocks of 128 "
                  f"chains until the standard error is target_se = 0.12 nats, at most 32; "
-                 f"{res['n_samples']:,} uniform samples), {res['seeds']} seeds each. Runs: splitting "
-                 "runs per token (0: the count was kept); s: seconds per call, one thread, loaded machine.", "",
+                 f"{res['n_samples']:,} uniform samples), {res['seeds']} seeds each. Runs: blocks of "
+                 "128 chains per token, the pilot included (0: the count was kept); s: seconds per call, one thread, loaded machine.", "",
                  "| case | log share | bias (nats) | RMS error | max error | 95% coverage | median width | estimator | mean runs (max) | mean chains | s per call |",
                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["rows"]:

@@ -649,17 +649,18 @@ def cell_volumes(
         sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
         to ``AUTO_ALL_TOKENS`` tokens, else a sample of ``AUTO_TOKEN_SAMPLE``.
     n_chains : int, default 128
-        Rare-event chains per run (a multiple of ``n_groups``, 16 by default, with at least 2
-        chains per group: 32 or more). Each token gets one run, and more while ``target_se``
+        Rare-event chains per block (a multiple of ``n_groups``, 16 by default, with at least 2
+        chains per group: 32 or more). Each token gets one block, and more while ``target_se``
         is not met.
     target_se : float or None, default 0.12
         Target standard error of each rare-event log-share, in **nats** (> 0; the interval's
-        half-width is about twice it). A token whose first run's error is larger gets more
-        independent runs of ``n_chains`` chains (seeds spawned from its own stream), averaged in
-        ``p``, up to ``rare_event_options["max_runs"]`` (32) runs; small shares need more (the
-        error of one run grows like ``sqrt(-log p / n_chains)``), big ones stay at one.
-        ``extra["rare_event_n_runs"]`` holds each token's runs (int64 per token, 0 where not
-        split). ``None``: one run per token (the cheapest, errors of 0.3-0.6 nats for shares
+        half-width is about twice it). A token whose error at one block is larger gets more
+        blocks of ``n_chains`` chains: a run sized from its pilot's error, and a run of the
+        blocks still missing if the error is still above (seeds spawned from its own stream),
+        averaged in ``p``, up to ``rare_event_options["max_runs"]`` (32) blocks; small shares
+        need more (the error of one block grows like ``sqrt(-log p / n_chains)``), big ones
+        stay at one. ``extra["rare_event_n_runs"]`` holds each token's blocks, the pilot
+        included (int64 per token, 0 where not split). ``None``: one run per token (the cheapest, errors of 0.3-0.6 nats for shares
         ``e^-10`` to ``e^-35`` at 128 chains).
     rare_event_options : dict, optional
         More keywords for :func:`embgeom._rare_event.log_cone_gaussian_measure`.
@@ -866,7 +867,7 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
 
             warnings.warn(
                 f"target_se: {missed} of {ids.size} split tokens stopped at max_runs="
-                f"{opt['max_runs']} runs of {n_chains} chains with a standard error above "
+                f"{opt['max_runs']} blocks of {n_chains} chains with a standard error above "
                 f"target_se={target_se} nats (their intervals are wider; raise n_chains or "
                 "rare_event_options['max_runs'] to reach it)", RuntimeWarning, stacklevel=3)
     return {"log_fractions": log_f, "log_lower": log_lo, "log_upper": log_hi,

@@ -385,7 +385,7 @@ def test_an_unreachable_target_se_is_reported():
     kw = dict(method="rare-event", tokens=[0, 1, 2], n_chains=32, progress=False,
               rare_event_options={"max_runs": 2})
     with pytest.warns(RuntimeWarning, match=r"target_se: \d of 3 split tokens stopped at "
-                                            r"max_runs=2 runs of 32 chains") as rec:
+                                            r"max_runs=2 blocks of 32 chains") as rec:
         cv = cell_volumes(dec, ball, 1000, 0, target_se=1e-3, **kw)
     measured = int(np.isfinite(cv.log_fractions[[0, 1, 2]]).sum())  # an empty cell has no error
     msgs = [str(w.message) for w in rec if str(w.message).startswith("target_se:")]

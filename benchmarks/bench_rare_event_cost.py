@@ -20,7 +20,7 @@ tokens within 1 nat, the mean runs, and the ratios of (1a) and (1b) to (2) and (
 mean difference of (2)'s log-shares from (1a)'s with its standard error (both estimate the same
 shares). ``cell_volumes`` draws only ``--samples`` uniform points (its uniform pass is then
 negligible). The load average is recorded before and after each way: timings are wall clock on
-whatever the machine is doing (nothing is paused).
+whatever the machine is doing (the benchmark pauses nothing; the load says what else ran).
 
 Results: ``benchmarks/results/rare_event/cost.{json,md}`` (``--out``).
 
@@ -168,8 +168,9 @@ def run(args) -> dict:
 def markdown(res: dict) -> str:
     lines = [f"Cost of a 1-nat cell share, {len(res['tokens'])} seeded random SmolLM2-135M tokens "
              f"(origin ball), one benchmark run; {res['cpu_count']} cores, load average as recorded "
-             "(a shared machine: nothing paused). s/token: wall clock of the whole call. Mean runs: "
-             "splitting runs per token, with this tree including the pilot (at most 128 chains) "
+             "(the benchmark pauses nothing; the load says what else ran). s/token: wall clock of "
+             "the whole call. Mean runs: blocks of the run's chains (1,024 or 128) per token, with "
+             "this tree including the pilot (at most 128 chains) "
              "that chooses the working set and is not counted in the estimate "
              "(embgeom._rare_event._token_runs).", "",
              "| way | s per token | median 95% width | within 1 nat | mean runs | 1,024-chain ways / this | load before -> after |",

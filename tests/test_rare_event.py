@@ -274,6 +274,30 @@ def test_auto_working_set_threshold_is_not_the_cap():
     assert abs(every.log_share[0] - lt) <= min(0.3, 4 * every.std_err[0])
 
 
+def test_without_a_working_set_every_constraint_is_in_whatever_the_cap():
+    """working_set=False used to cap its constraints at max_constraints and drop the rest,
+    still calling the estimate two-sided: an orthant of share 2^-10 behind 600 redundant rows,
+    capped at 5, read -3.45 nats instead of -6.93 (a new user's trial)."""
+    W, lt = orthant(10, 12, seed=4, n_redundant=600)
+    r = log_cone_gaussian_measure(W, [0], n_chains=128, seed=2, working_set=False,
+                                  max_constraints=5)
+    assert r.n_constraints_used[0] == W.shape[0] - 1 and r.side[0] == "two-sided"
+    assert abs(r.log_share[0] - lt) <= min(0.4, 4 * r.std_err[0])
+
+
+def test_a_negative_seed_is_refused_by_name():
+    W, _ = orthant(3, 4)
+    with pytest.raises(ValueError, match="seed: expected an int >= 0"):
+        log_cone_gaussian_measure(W, [0], n_chains=32, seed=-1)
+
+
+def test_ess_moves_warn_that_they_err_low():
+    W, lt = orthant(6, 8, seed=1)
+    with pytest.warns(RuntimeWarning, match="move='ess'"):
+        r = log_cone_gaussian_measure(W, [0], n_chains=64, seed=0, move="ess")
+    assert np.isfinite(r.log_share[0])
+
+
 
 def test_check_screen_keeps_the_scan_verdict():
     """A full check screened by known rows (earlier chains' cutting rows) gives every point the

@@ -112,6 +112,9 @@ EMPTY_CHECK_LEVELS = 64
 #: of log p over 75-150 seeds at 128 chains is 0.83-1.08 times the group standard error
 #: (docs/theory.md, section 5.1), so none is applied.
 SE_INFLATION = 1.0
+#: Without a working set, cones with at most this many constraint entries (``M k``) get the
+#: emptiness LP before the first level (an LP this small takes milliseconds).
+EARLY_LP_WORK = 100_000
 #: Largest Gram matrix (constraints) built without a working set (16384^2 float64: 2 GiB).
 MAX_GRAM = 16384
 #: ``working_set="auto"`` takes a working set when a cone has more constraints than this (or
@@ -883,6 +886,12 @@ class _Splitter:
         in one pass over ``W``; it returns :meth:`result`."""
         if self.probing:
             self.probe()
+        elif (not self.working and self.cs.M * self.k <= EARLY_LP_WORK
+              and cone_is_empty(self.cs.A)):
+            # every constraint is in and the LP is small: an empty cone is proved before any
+            # level (its levels shrink towards the apex without stalling, with trajectories of
+            # up to MAX_BOUNCES_CHEAP reflections: 40 s per empty 3-d cell at 256 chains)
+            return -np.inf, 0.0, "empty", 0, self.cs.M, self.n_checked, 0.0
         side = "two-sided" if (not self.working or self.full_check) else "upper"
         P = np.zeros((self.N, 0))
         while True:

@@ -377,3 +377,45 @@ def test_scratch_buffer_is_per_thread_reused_and_not_pickled():
     dec2 = pickle.loads(pickle.dumps(dec))
     assert "_scratch" not in dec2.__dict__ or not hasattr(dec2._scratch, "buf")
     np.testing.assert_array_equal(dec2.assign(X[2]), want[2])
+
+
+@pytest.mark.realmodel
+def test_real_smollm2_near_duplicate_token_is_decided(smollm2_unembedding):
+    # SmolLM2's tokens 7-16 have rows 1e-3 to 8e-3 apart (10, 13, 15, 16 exact copies of 8).
+    # The LP's absolute margin is bounded by those near-duplicates at every cutting-plane
+    # iteration (1.3e-4), so the point HiGHS returns never beat every row: token 8 stayed
+    # "undecided" after 21 iterations and the 300 s limit (the longest phase of the report).
+    # The relaxation repair of the LP point proves it argmaxable in a few seconds.
+    from embgeom.cells._rows import STATUS_NAMES
+
+    dec = Decoder.from_unembedding(smollm2_unembedding)
+    res = dec.unargmaxable(tokens=[7, 8, 9, 10], lp_time_limit=60.0, progress=False)
+    names = [STATUS_NAMES[s] for s in res.status[[7, 8, 9, 10]]]
+    assert names[1] == "lp_witness"
+    assert names[3] == "duplicate"  # row 10 is row 8's exact copy
+    assert res.n_undecided == 0
+
+
+def test_repair_witness_proves_a_cone_and_refuses_empty_and_bias():
+    from embgeom.cells import _scan
+    from embgeom.cells._region import _Region
+
+    rng = np.random.default_rng(3)
+    d = 24
+    Wr = rng.standard_normal((400, d))
+    Wr[1:6] = Wr[0] + 1e-3 * rng.standard_normal((5, d))  # token 0's near-duplicates
+    box = dict(lb=-np.ones(d), ub=np.ones(d), R=None, name="none", directions=True)
+    region = _Region(Wr=Wr, c=None, homog=False, **box)
+    gam = 4.0 * 2.0**-53 * (d + 2) * float(np.linalg.norm(Wr, axis=1).max())
+    y = _scan._repair_witness(region, 0, rng.standard_normal(d), err_per_norm=gam)
+    assert y is not None and np.all(np.abs(y) <= 1.0)
+    m = (Wr[0] - Wr) @ y
+    assert np.all(m[1:] > 0)  # token 0 wins strictly against every row: a true witness
+    # a row inside the hull of others (a cone with no interior): no point is returned
+    Wr_e = Wr.copy()
+    Wr_e[0] = 0.5 * (Wr[10] + Wr[11])
+    region_e = _Region(Wr=Wr_e, c=None, homog=False, **box)
+    assert _scan._repair_witness(region_e, 0, rng.standard_normal(d), err_per_norm=gam) is None
+    # with a bias the cells are not cones: the repair does not apply
+    region_b = _Region(Wr=Wr, c=np.zeros(400), homog=True, **box)
+    assert _scan._repair_witness(region_b, 0, rng.standard_normal(d), err_per_norm=gam) is None

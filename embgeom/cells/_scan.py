@@ -71,6 +71,55 @@ def _box_points(D: np.ndarray, region: _Region, corner: bool) -> np.ndarray:
     return centre + 0.999 * D / scale
 
 
+#: Most relaxation steps of :func:`_repair_witness` per cutting-plane iteration.
+REPAIR_STEPS = 200
+
+
+def _repair_witness(region: _Region, t: int, y: np.ndarray, *, err_per_norm: float):
+    """A proven witness near the LP point ``y``, by relaxation steps (Agmon 1954, Motzkin and
+    Schoenberg 1954), or None. Only for a decoder without bias, whose cells are cones.
+
+    Why: the LP maximises the *absolute* margin ``min_s (w_t - w_s) . y`` over its working set.
+    When ``t`` has near-duplicate rows (SmolLM2's tokens 7-16: rows 1e-3 apart, a norm of 3.3),
+    those bound the optimum (``1.3e-4`` at every iteration) and every other row is free: HiGHS
+    returns an arbitrary vertex of a large optimal face, cutting planes add rows that do not
+    move the optimum, and token 8 stayed "undecided" after 21 iterations and the 300 s limit,
+    the longest phase of ``make run``. A relaxation step projects ``y`` onto the halfspace of the
+    most violated *normalised* constraint, ``y += (delta - m_j) a_j`` with ``a_j`` the unit row
+    ``(w_t - w_j) / |w_t - w_j|`` and ``m_j = a_j . y``; from that LP's first point it found a
+    witness for token 8 in 17 steps. A point counts only after the check of :func:`_lp_token`
+    (every row, float64, Higham's bound), scaled into the box first (the constraints are
+    homogeneous, so a positive scale changes no sign), so the verdict is as exact as the LP's.
+    """
+    if region.c is not None or region.homog or not np.all((region.lb < 0) & (region.ub > 0)):
+        return None
+    Wr = region.Wr
+    wt = Wr[t]
+    norms = np.empty(Wr.shape[0])
+    for v0 in range(0, Wr.shape[0], 4096):  # |w_t - w_s| without a (V, d) temporary
+        norms[v0:v0 + 4096] = np.linalg.norm(wt - Wr[v0:v0 + 4096], axis=1)
+    ok = norms > 0
+    ok[t] = False
+    inv = np.where(ok, 1.0 / np.where(ok, norms, 1.0), 0.0)
+    y = y / max(float(np.linalg.norm(y)), 1e-300)
+    delta = 1e-6
+    for _ in range(REPAIR_STEPS):
+        m = np.where(ok, (wt @ y - Wr @ y) * inv, np.inf)
+        j = int(np.argmin(m))
+        if m[j] > delta / 2:
+            break
+        y = y + (delta - m[j]) * inv[j] * (wt - Wr[j])
+    else:
+        return None
+    # into the box (homogeneous constraints: any positive scale keeps every margin's sign)
+    with np.errstate(divide="ignore"):
+        lim = np.where(y > 0, region.ub / y, np.where(y < 0, region.lb / y, np.inf))
+    y = y * min(1.0, 0.999 * float(lim.min()))
+    mm = wt @ y - Wr @ y
+    mm[~ok] = np.inf
+    return y if mm.min() > err_per_norm * float(np.linalg.norm(y)) + 1e-300 else None
+
+
 def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: float, k_add: int):
     """Cutting-plane LP for token ``t`` (an index into ``region.Wr``), over :func:`max_margin_lp`:
     ``maximise s subject to (w_s - w_t) . y [+ (c_s - c_t) tau] + s <= [c_t - c_s]`` for the
@@ -113,6 +162,10 @@ def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: f
         err = 4.0 * gam * (row_max * float(np.linalg.norm(y)) + bias_max) + 1e-300
         if m.min() > err:
             return "lp_witness", y, it
+        if it & (it - 1) == 0:  # iterations 1, 2, 4, 8, ...: at most log2 failed repairs
+            y_r = _repair_witness(region, t, y, err_per_norm=4.0 * gam * row_max)
+            if y_r is not None:
+                return "lp_witness", y_r, it
         # add the most violated constraints not yet present
         order = np.argsort(m)[: k_add + S.size]
         new = np.setdiff1d(order[m[order] <= max(s_opt, err)], S, assume_unique=False)[:k_add]

@@ -419,3 +419,70 @@ def test_repair_witness_proves_a_cone_and_refuses_empty_and_bias():
     # with a bias the cells are not cones: the repair does not apply
     region_b = _Region(Wr=Wr, c=np.zeros(400), homog=True, **box)
     assert _scan._repair_witness(region_b, 0, rng.standard_normal(d), err_per_norm=gam) is None
+
+
+def _hits(W, H):
+    """Tokens that win strictly (float64 logits) at some row of H."""
+    Z = H @ W.astype(np.float64).T
+    top = np.argsort(Z, axis=1)[:, -2:]
+    strict = Z[np.arange(len(Z)), top[:, 1]] > Z[np.arange(len(Z)), top[:, 0]]
+    return set(top[strict, 1].tolist())
+
+
+@pytest.mark.parametrize("tol", [1e-9, 0.0])
+def test_rows_one_ulp_apart_are_not_declared_empty(tol):
+    # Rows 0 and 60 differ by one float32 ulp in an entry of 1e-3 (|w_0 - w_60| = 1.2e-10):
+    # they split row 0's cone at y_0 = 0, so both cells have room. With the LP's absolute
+    # margin (bounded by 1.2e-10, below HiGHS's 1e-7 tolerance) both were "lp_empty", even
+    # at tol = 0; the depth is now measured on unit rows.
+    rng = np.random.default_rng(8)
+    W = rng.standard_normal((60, 4)).astype(np.float32)
+    W[0, 0] = np.float32(1e-3)
+    x = W[0].copy()
+    x[0] = np.nextafter(x[0], np.float32(1))
+    W = np.vstack([W, x[None]])
+    hits = _hits(W, rng.standard_normal((200_000, 4)))
+    assert {0, 60} <= hits  # the truth: both win somewhere
+    res = Decoder(W).unargmaxable(tol=tol, progress=False)
+    assert res.n_undecided == 0
+    arg = set(np.flatnonzero(np.isin(res.status, [0, 1])).tolist())
+    assert {0, 60} <= arg
+    assert hits <= arg  # no token seen winning is called empty
+
+
+@pytest.mark.parametrize("rotated", [False, True])
+def test_bias_free_box_about_the_origin_answers_as_free_space(rotated):
+    # A lopsided box with the origin strictly inside ([-1e-3, 1e3]^4) meets every cone with an
+    # interior, so its verdicts are the free space's; its own LP once left cells "undecided".
+    rng = np.random.default_rng(8)
+    d = 4
+    W = rng.standard_normal((60, d)).astype(np.float32)
+    W[59] = 0.5 * (W[3] + W[7])  # a row inside the hull: empty everywhere
+    W[0, 0] = np.float32(1e-3)  # and a row one ulp from row 0 (see the test above)
+    x = W[0].copy()
+    x[0] = np.nextafter(x[0], np.float32(1))
+    W = np.vstack([W, x[None]])
+    R = None
+    if rotated:
+        R, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    box = Box.from_params(-1e-3 * np.ones(d), 1e3 * np.ones(d), rotation=R)
+    free = Decoder(W).unargmaxable(progress=False)
+    res = Decoder(W).unargmaxable(box, progress=False)
+    assert res.n_undecided == 0
+    np.testing.assert_array_equal(np.isin(res.status, [0, 1]), np.isin(free.status, [0, 1]))
+    assert res.status[59] == 2  # lp_empty
+    assert np.isin(res.status[[0, 60]], [0, 1]).all()
+
+
+def test_box_off_the_origin_keeps_its_own_constraints():
+    # The free-space shortcut needs the origin strictly inside: in the box [0.5, 1]^2 only
+    # the cones that meet the positive quadrant's corner region are argmaxable.
+    ang = np.linspace(0, 2 * np.pi, 24, endpoint=False)
+    W = np.stack([np.cos(ang), np.sin(ang)], axis=1).astype(np.float32)
+    box = Box.from_params(np.array([0.5, 0.5]), np.array([1.0, 1.0]))
+    res = Decoder(W).unargmaxable(box, progress=False)
+    rng = np.random.default_rng(0)
+    H = rng.uniform(0.5, 1.0, size=(100_000, 2))
+    truth = _hits(W, H)
+    arg = set(np.flatnonzero(np.isin(res.status, [0, 1])).tolist())
+    assert arg == truth and 0 < len(truth) < 24

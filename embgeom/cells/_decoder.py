@@ -636,9 +636,12 @@ class Decoder:
            worst-case rounding error ``2 gamma_d max_s |w_s| |h| + ...`` (Higham's bound), so a
            witness is a proof (``"witness"``);
         3. a linear program (scipy ``linprog``, HiGHS) for every token left:
-           ``maximise s subject to (w_t - w_s) . h + (b_t - b_s) tau >= s`` for all ``s``, with
-           ``h`` in the box ``[-1, 1]^d`` (or the support's box) and, when ``b != 0`` and there is
-           no support, the homogenising variable ``0 <= tau <= 1``. Solved by cutting planes:
+           ``maximise s subject to (w_t - w_s) . h + (b_t - b_s) tau >= s |a_s|`` for all ``s``
+           (``a_s`` the constraint's row, so ``s`` is a depth: a distance in the region's unit
+           coordinates, whatever the rows' lengths), with ``h`` in the box ``[-1, 1]^d`` (or the
+           support's box; a bias-free decoder's cones use the free space when the box holds
+           the origin strictly inside) and, when ``b != 0`` and there is no support, the
+           homogenising variable ``0 <= tau <= 1``. Solved by cutting planes:
            the LP over the most violated constraints is re-solved, the solution checked against
            every token in float64, the worst violators added, until the relaxed optimum is
            ``<= tol`` (a certificate of emptiness for the full LP: ``"lp_empty"``) or the point
@@ -669,9 +672,12 @@ class Decoder:
         lp_time_limit : float, default 300
             Seconds per token's cutting-plane loop before it is ``"undecided"``.
         tol : float, default 1e-9
-            Relaxed LP optimum below which the cell is declared empty (the solver's own
-            feasibility tolerance is 1e-9; a cell whose depth is within ``tol`` is a boundary
-            case and is reported empty).
+            Depth of the relaxed LP (the radius of the largest ball about its point inside
+            every working-set halfspace, in the region's unit coordinates: the box scaled to
+            size about 1) at or below which the cell is declared empty; a cell thinner than
+            ``tol`` is a boundary case and is reported empty. Measured on unit rows, so two
+            rows one float32 ulp apart (``|w_t - w_s|`` of 1e-10) do not make a cell with room
+            in it look empty.
         progress : bool, default True
             tqdm progress bars (over chunks of tokens).
         executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"

@@ -132,15 +132,22 @@ def _scaled_box(lb: np.ndarray, ub: np.ndarray, b64: np.ndarray | None):
     return np.ldexp(lb, -k), np.ldexp(ub, -k), c, k
 
 
-def _region(dec, support, W64: np.ndarray, b64: np.ndarray | None, *, radius: float = 1.0) -> _Region:
+def _region(dec, support, W64: np.ndarray, b64: np.ndarray | None, *, radius: float = 1.0,
+            cones: bool = False) -> _Region:
     """Where the exact scan looks: the support answers through ``lp_region()`` (a box of linear
     constraints) or ``star_about_origin()`` (a bias-free decoder's cells are cones). The rows
-    and bias come back at unit scale (:func:`_unit_rows`)."""
-    return _unit_rows(_region_raw(dec, support, W64, b64, radius=radius))
+    and bias come back at unit scale (:func:`_unit_rows`).
+
+    ``cones=True`` (the scan, which asks only whether a cell meets the support's interior): a
+    bias-free decoder and a box with the origin strictly inside give the free space's region,
+    since a cone with an interior meets every neighbourhood of its apex. The box's own LP
+    (``[-1e-3, 1e3]^4``: sides 1e6 apart) left cells that are empty in free space
+    "undecided"; the Chebyshev centre needs the box itself and keeps it."""
+    return _unit_rows(_region_raw(dec, support, W64, b64, radius=radius, cones=cones))
 
 
 def _region_raw(dec, support, W64: np.ndarray, b64: np.ndarray | None, *,
-                radius: float = 1.0) -> _Region:
+                radius: float = 1.0, cones: bool = False) -> _Region:
     d = W64.shape[1]
     ones = np.ones(d)
     if support is None:
@@ -161,6 +168,8 @@ def _region_raw(dec, support, W64: np.ndarray, b64: np.ndarray | None, *,
         R = box.rotation
         lb = np.asarray(box.lower, dtype=np.float64)
         ub = np.asarray(box.upper, dtype=np.float64)
+        if cones and b64 is None and np.all(lb < 0) and np.all(ub > 0):
+            return _Region(W64, None, -ones, ones, False, None, label, True)
         Wr = W64 if R is None else W64 @ np.asarray(R, dtype=np.float64).T
         lb, ub, c, k = _scaled_box(lb, ub, b64)
         return _Region(np.ascontiguousarray(Wr), c, lb, ub, False, R, label, False, k)

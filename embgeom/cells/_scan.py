@@ -71,11 +71,24 @@ def _box_points(D: np.ndarray, region: _Region, corner: bool) -> np.ndarray:
     return centre + 0.999 * D / scale
 
 
+def _row_distances(Wr: np.ndarray, t: int, c: np.ndarray | None = None) -> np.ndarray:
+    """``|(w_t - w_s, c_t - c_s)|`` for every row ``s`` (float64 (V,)), without a (V, d)
+    temporary; the bias column only when ``c`` is given (the homogenised LP's rows)."""
+    wt = Wr[t]
+    out = np.empty(Wr.shape[0])
+    for v0 in range(0, Wr.shape[0], 4096):
+        out[v0:v0 + 4096] = np.einsum("ij,ij->i", D := wt - Wr[v0:v0 + 4096], D)
+    if c is not None:
+        out += (c[t] - c) ** 2
+    return np.sqrt(out)
+
+
 #: Most relaxation steps of :func:`_repair_witness` per cutting-plane iteration.
 REPAIR_STEPS = 200
 
 
-def _repair_witness(region: _Region, t: int, y: np.ndarray, *, err_per_norm: float):
+def _repair_witness(region: _Region, t: int, y: np.ndarray, *, err_per_norm: float,
+                    norms: np.ndarray | None = None):
     """A proven witness near the LP point ``y``, by relaxation steps (Agmon 1954, Motzkin and
     Schoenberg 1954), or None. Only for a decoder without bias, whose cells are cones.
 
@@ -95,9 +108,8 @@ def _repair_witness(region: _Region, t: int, y: np.ndarray, *, err_per_norm: flo
         return None
     Wr = region.Wr
     wt = Wr[t]
-    norms = np.empty(Wr.shape[0])
-    for v0 in range(0, Wr.shape[0], 4096):  # |w_t - w_s| without a (V, d) temporary
-        norms[v0:v0 + 4096] = np.linalg.norm(wt - Wr[v0:v0 + 4096], axis=1)
+    if norms is None:
+        norms = _row_distances(Wr, t)
     ok = norms > 0
     ok[t] = False
     inv = np.where(ok, 1.0 / np.where(ok, norms, 1.0), 0.0)
@@ -121,9 +133,17 @@ def _repair_witness(region: _Region, t: int, y: np.ndarray, *, err_per_norm: flo
 
 
 def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: float, k_add: int):
-    """Cutting-plane LP for token ``t`` (an index into ``region.Wr``), over :func:`max_margin_lp`:
-    ``maximise s subject to (w_s - w_t) . y [+ (c_s - c_t) tau] + s <= [c_t - c_s]`` for the
-    working set S of competitors. Returns (status, y, n_iter)."""
+    """Cutting-plane LP for token ``t`` (an index into ``region.Wr``), over :func:`max_margin_lp`
+    on *unit* constraint rows: ``maximise s subject to (a_s . x + s |a_s| <= r_s)`` with
+    ``a_s = (w_s - w_t [, c_s - c_t])``, ``x = (y [, tau])`` and ``r_s = [c_t - c_s]``, each row
+    divided by ``|a_s|``, for the working set S of competitors. Returns (status, y, n_iter).
+
+    ``s`` is then a distance in the region's unit coordinates (the depth of the relaxed cell,
+    the radius of a ball about ``x`` inside every working-set halfspace), so ``s <= tol`` means
+    no ball of radius ``tol`` fits, whatever the lengths of the rows. With the absolute margin
+    (every row's weight 1) two rows one float32 ulp apart bound ``s`` by ``|w_t - w_s|`` (1e-10
+    for an entry of 1e-3), below HiGHS's 1e-7 feasibility tolerance: cells with room in them
+    were reported ``"lp_empty"``, even at ``tol = 0``."""
     Wr, c = region.Wr, region.c
     V, d = Wr.shape
     wt = Wr[t]
@@ -137,6 +157,9 @@ def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: f
     gam = _gamma(d + 2, 2.0**-53)
     row_max = float(np.max(np.linalg.norm(Wr, axis=1)))
     bias_max = 0.0 if c is None else float(np.max(np.abs(c)))
+    nrm = _row_distances(Wr, t, c if homog else None)
+    # a row equal to w_t with another bias (no support's tau): weight 1, its rhs decides alone
+    unit = np.where(nrm > 0, nrm, 1.0)
     for it in range(1, 10_000):
         A = np.empty((S.size, d + (1 if homog else 0)))
         A[:, :d] = Wr[S] - wt
@@ -145,6 +168,9 @@ def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: f
             rhs = np.zeros(S.size)
         else:
             rhs = np.zeros(S.size) if c is None else ct - c[S]
+        A /= unit[S, None]
+        # |r_s| / |a_s| past 1e12 region widths: never binding (> 0) or empty whatever x (< 0)
+        rhs = np.clip(rhs / unit[S], -1e12, 1e12)
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0:
             return "undecided", None, it
@@ -163,12 +189,15 @@ def _lp_token(region: _Region, t: int, S0: np.ndarray, tol: float, time_limit: f
         if m.min() > err:
             return "lp_witness", y, it
         if it & (it - 1) == 0:  # iterations 1, 2, 4, 8, ...: at most log2 failed repairs
-            y_r = _repair_witness(region, t, y, err_per_norm=4.0 * gam * row_max)
+            y_r = _repair_witness(region, t, y, err_per_norm=4.0 * gam * row_max,
+                                  norms=nrm if c is None else None)
             if y_r is not None:
                 return "lp_witness", y_r, it
-        # add the most violated constraints not yet present
-        order = np.argsort(m)[: k_add + S.size]
-        new = np.setdiff1d(order[m[order] <= max(s_opt, err)], S, assume_unique=False)[:k_add]
+        # add the most violated constraints (in depth, m_s / |a_s|) not yet present
+        depth = m / unit
+        order = np.argsort(depth)[: k_add + S.size]
+        bad = (depth[order] <= s_opt) | (m[order] <= err)
+        new = np.setdiff1d(order[bad], S, assume_unique=False)[:k_add]
         if new.size == 0:
             return "undecided", y, it
         S = np.union1d(S, new)
@@ -244,7 +273,7 @@ def prepare(dec, support=None) -> ScanSetup:
     uniq, rep = distinct_rows(dec.W_, dec.bias_)
     W64 = dec.W_[uniq].astype(np.float64)
     b64 = None if dec.bias_ is None else dec.bias_[uniq].astype(np.float64)
-    region = _region(dec, support, W64, b64)
+    region = _region(dec, support, W64, b64, cones=True)
     # the fast float32 decoder over the distinct rows (bias ignored when witnesses are directions)
     # (in the region's unit coordinates: the bias is region.c, checked against float32's range)
     c_u = None if region.directions or region.c is None else region.c

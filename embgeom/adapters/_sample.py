@@ -77,13 +77,20 @@ def default_cache_dir() -> Path:
     >>> default_cache_dir().name
     'hidden_states'
     """
+    return _cache_root() / "hidden_states"
+
+
+def _cache_root() -> Path:
+    """The embgeom cache root: ``$EMBGEOM_CACHE``, else ``$XDG_CACHE_HOME/embgeom``, else
+    ``~/.cache/embgeom`` (``~`` expanded); hidden states go in its ``hidden_states``, converted
+    GGUF models in its ``models``. Raises the ValueError of :func:`default_cache_dir`."""
     root = os.getenv("EMBGEOM_CACHE") or ""
     if root:
         _check_env_root(root)
     if not root:
         xdg = os.getenv("XDG_CACHE_HOME") or ""
         root = os.path.join(xdg, "embgeom") if xdg else os.path.join("~", ".cache", "embgeom")
-    return Path(root).expanduser() / "hidden_states"
+    return Path(root).expanduser()
 
 
 def _check_env_root(root: str) -> None:
@@ -175,11 +182,19 @@ _RESULT_FREE_CONFIG_PATTERN = re.compile(r"dropout|pdrop|layerdrop", re.IGNORECA
 
 
 def _result_config(cfg: dict) -> dict:
-    """``cfg`` without the naming and result-free entries, recursively (sub-configs)."""
+    """``cfg`` without the naming and result-free entries, recursively (sub-configs).
+
+    A GGUF ``quantization_config`` (``quant_method "gguf"``) goes too: transformers dequantises
+    GGUF tensors to float32 at load, so it only names the file the weights came from, and the
+    weights enter the key themselves. The same model loaded from its GGUF file and from the
+    converted folder of the model cache (:func:`embgeom.adapters.load_model`) then shares its
+    hidden-state entries. Any other quantisation config stays: its forward differs."""
     out = {}
     for k, v in cfg.items():
         if k in _NAMING_CONFIG_KEYS or k in _RESULT_FREE_CONFIG_KEYS or (
                 isinstance(k, str) and _RESULT_FREE_CONFIG_PATTERN.search(k)):
+            continue
+        if k == "quantization_config" and isinstance(v, dict) and v.get("quant_method") == "gguf":
             continue
         out[k] = _result_config(v) if isinstance(v, dict) else v
     return out

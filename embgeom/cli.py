@@ -719,6 +719,10 @@ def _setup_logging(args) -> None:
         handler.setFormatter(logging.Formatter("embgeom: %(levelname)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(level)
+    if level == logging.WARNING:
+        # where the model and the hidden states came from (a cache entry or a fresh
+        # computation) is one line each, and tells a user why a run took 4 s or 40 s
+        logging.getLogger("embgeom.adapters").setLevel(logging.INFO)
     if level == logging.WARNING and not _progress(args):
         # no progress bars (not a terminal, e.g. under nohup): the report's phases say they
         # started and ended, so a long run shows a sign of life

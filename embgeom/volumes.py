@@ -655,7 +655,9 @@ def cell_volumes(
         are not split but measured exactly (``token_method`` "exact"), counts or not.
     tokens : "auto", None, int or array_like of int, default "auto"
         Tokens given a rare-event estimate: ``None`` every token, an int a seeded uniform
-        sample of that many (from ``seed``), or the ids themselves. ``"auto"``: every token up
+        sample of that many (from ``seed``; an int of at least the vocabulary's size is every
+        token, as ``None``, so that one setting serves models of every size), or the ids
+        themselves. ``"auto"``: every token up
         to ``AUTO_ALL_TOKENS`` tokens, else a sample of ``AUTO_TOKEN_SAMPLE``.
     n_chains : int, default 128
         Rare-event chains per block (a multiple of ``n_groups``, 16 by default, with at least 2

@@ -63,12 +63,15 @@ def test_precision_eps_formats():
     assert B.precision_eps(2.0, "bf16") == 2.0 * 2.0**-8
     assert B.precision_eps(2.0, "torch.bfloat16") == 2.0 * 2.0**-8
     assert B.precision_eps(1.0, "float64") == 2.0**-53
+    assert B.precision_eps(1.0, 113) == 2.0**-113  # binary128, the most bits of any format
 
 
 @pytest.mark.parametrize("radius,fmt,err", [(0.0, 11, ValueError), (-1.0, 11, ValueError),
                                             (float("nan"), 11, ValueError), (1.0, 0, ValueError),
-                                            (1.0, "float8", ValueError), (1.0, True, TypeError)])
+                                            (1.0, "float8", ValueError), (1.0, True, TypeError),
+                                            (3.0, 1000, ValueError), (1.0, 114, ValueError)])
 def test_precision_eps_bad_input(radius, fmt, err):
+    # 1000 bits would give 2.8e-301: a number, and a wrong one (no format has it)
     with pytest.raises(err):
         B.precision_eps(radius, fmt)
 

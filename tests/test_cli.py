@@ -670,3 +670,25 @@ def test_diverged_optimisation_is_the_users_lr(capsys, monkeypatch, tmp_path):
     code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), "--lengths", "2", "--lr",
                               "1e308", "--steps", "3", "--n-targets", "1", "--start-token", "none"])
     assert code == 2 and "not finite" in err and "lr" in err and "internal" not in err, err
+
+
+def test_the_default_log_level_shows_where_model_and_states_came_from(monkeypatch):
+    """At the default level (warnings) the adapters' INFO lines still show: one line each says
+    whether the model came from the converted cache and the hidden states from theirs; -q hides
+    them."""
+    import argparse
+    import logging
+
+    from embgeom import cli
+
+    saved = {n: logging.getLogger(n).level for n in ("", "embgeom.adapters", "embgeom.report")}
+    try:
+        cli._setup_logging(argparse.Namespace(quiet=False, verbose=0, no_progress=False))
+        assert logging.getLogger("embgeom.adapters._load").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("embgeom.cells").isEnabledFor(logging.INFO)
+        logging.getLogger("embgeom.adapters").setLevel(logging.NOTSET)
+        cli._setup_logging(argparse.Namespace(quiet=True, verbose=0, no_progress=False))
+        assert not logging.getLogger("embgeom.adapters._sample").isEnabledFor(logging.WARNING)
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)

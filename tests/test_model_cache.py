@@ -10,7 +10,10 @@ could read.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -108,17 +111,27 @@ def test_a_complete_entry_written_meanwhile_is_no_warning(tmp_path, caplog):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
 
 
-def _fake_gguf(tmp_path, monkeypatch):
+def _word_tokenizer():
+    """A tiny word-level fast tokenizer over VOCAB ids, built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+def _fake_gguf(tmp_path, monkeypatch, *, tokenizer=None, family="qwen2"):
     """A .gguf path whose loads are recorded instead of done: (path, calls)."""
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF fake")
     calls = []
-    model, _ = _tiny("qwen2")
+    model, _ = _tiny(family)
 
     def fake_from_pretrained(p, folder, kw, progress):
         calls.append((str(p), dict(kw)))
         if kw.get("gguf_file"):
-            return model, None
+            return model, tokenizer
         return _real_from_pretrained(p, folder, kw, progress)
 
     monkeypatch.setenv("EMBGEOM_CACHE", str(tmp_path / "cache"))
@@ -151,10 +164,138 @@ def test_the_second_load_reads_the_entry_and_a_damaged_one_converts_again(
     caplog.clear()
     with caplog.at_level("WARNING", logger="embgeom.adapters"):
         again = load_model(path, progress=False)
-    assert "does not load" in caplog.text and "converting" in caplog.text
+    assert "cannot be used" in caplog.text and "model.safetensors changed" in caplog.text
+    assert "converting" in caplog.text and "pass a Hugging Face folder" not in caplog.text
     assert calls[-1] == (str(path), {"gguf_file": "m.gguf"})
     ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(4))
     np.testing.assert_array_equal(logits(again, ids), logits(first, ids))
+
+
+def _damage_tensor(entry):
+    """Drop one tensor from the entry's safetensors file (a valid, readable file)."""
+    from safetensors.torch import load_file, save_file
+
+    w = entry / "model.safetensors"
+    tensors = load_file(str(w))
+    dropped = next(k for k in sorted(tensors) if "layers.1.mlp" in k)
+    del tensors[dropped]
+    save_file(tensors, str(w), metadata={"format": "pt"})
+
+
+def _damage_config(entry):
+    """A valid config.json with one layer fewer."""
+    import json
+
+    cfg = json.loads((entry / "config.json").read_text())
+    cfg["num_hidden_layers"] -= 1
+    if "layer_types" in cfg:  # Qwen2 checks its per-layer list against the count
+        cfg["layer_types"] = cfg["layer_types"][:-1]
+    (entry / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("damage", [_damage_tensor, _damage_config], ids=["tensor", "config"])
+def test_a_readable_but_changed_entry_is_never_the_model(tmp_path, monkeypatch, caplog, damage):
+    """transformers loads both damaged folders without an error (random weights for the missing
+    tensor, a shallower model for the config), so only the manifest can tell: the load warns,
+    converts again from the GGUF file, gives the GGUF model's logits, and rewrites the entry."""
+    path, calls = _fake_gguf(tmp_path, monkeypatch)
+    first = load_model(path, progress=False)
+    entry = _load._converted_folder(path)
+    damage(entry)
+    # the damaged folder does load, into another model: what a silent wrong number would be
+    wrong, _ = _real_from_pretrained(entry, str(entry), {}, False)
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(4))
+    assert not np.array_equal(logits(wrong, ids), logits(first, ids))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="embgeom.adapters"):
+        again = load_model(path, progress=False)
+    assert "cannot be used" in caplog.text and "changed after it was written" in caplog.text
+    assert calls[-1] == (str(path), {"gguf_file": "m.gguf"})
+    np.testing.assert_array_equal(logits(again, ids), logits(first, ids))
+    assert _load._entry_problem(entry)[0] is None  # rewritten
+    third = load_model(path, progress=False)
+    assert calls[-1] == (str(entry), {})
+    np.testing.assert_array_equal(logits(third, ids), logits(first, ids))
+
+
+def test_an_entry_with_extra_or_missing_files_or_an_old_marker_converts_again(tmp_path,
+                                                                              monkeypatch):
+    path, calls = _fake_gguf(tmp_path, monkeypatch)
+    load_model(path, progress=False)
+    entry = _load._converted_folder(path)
+    assert _load._entry_problem(entry)[0] is None
+    # a second weights index would change what transformers reads
+    (entry / "model.safetensors.index.json").write_text("{}")
+    assert "not in it ['model.safetensors.index.json']" in _load._entry_problem(entry)[0]
+    load_model(path, progress=False)
+    assert calls[-1][1] == {"gguf_file": "m.gguf"} and _load._entry_problem(entry)[0] is None
+    (entry / "generation_config.json").unlink()
+    assert "missing ['generation_config.json']" in _load._entry_problem(entry)[0]
+    (entry / _load._MARKER).write_text("1\n")  # the marker of the first cache layout
+    assert "manifest is unreadable" in _load._entry_problem(entry)[0]
+    n = len(calls)
+    load_model(path, progress=False)
+    assert calls[n][1] == {"gguf_file": "m.gguf"} and _load._entry_problem(entry)[0] is None
+
+
+def test_a_saved_tokenizer_that_no_longer_loads_converts_again(tmp_path, monkeypatch, caplog):
+    tok = _word_tokenizer()
+    path, calls = _fake_gguf(tmp_path, monkeypatch, tokenizer=tok, family="llama")
+    load_model(path, progress=False)
+    entry = _load._converted_folder(path)
+    manifest = _load._entry_problem(entry)[1]
+    assert manifest["has_tokenizer"] is True and "tokenizer.json" in manifest["files"]
+    second = load_model(path, progress=False)
+    assert calls[-1] == (str(entry), {}) and second.tokenizer("w3 w5").input_ids == [3, 5]
+    # garbage in tokenizer.json, with the manifest rewritten to match it: the hashes pass,
+    # the tokenizer does not load, and an entry saved with a tokenizer must give one
+    (entry / "tokenizer.json").write_text("{ not json")
+    (entry / _load._MARKER).write_text(json.dumps(_load._manifest(entry, has_tokenizer=True)))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="embgeom.adapters"):
+        third = load_model(path, progress=False)
+    assert "its tokenizer does not load" in caplog.text
+    assert calls[-1] == (str(path), {"gguf_file": "m.gguf"})
+    assert third.tokenizer("w3 w5").input_ids == [3, 5]
+    assert _load._entry_problem(entry)[0] is None
+
+
+def test_a_tokenizer_that_would_load_back_as_another_is_not_cached(tmp_path, monkeypatch,
+                                                                     caplog):
+    """transformers 5 loads a generic fast tokenizer saved beside a qwen2 config as an empty
+    Qwen2Tokenizer (every text gives no ids): such an entry would be a silently wrong model, so
+    none is written, with a warning, and every load converts the GGUF file."""
+    tok = _word_tokenizer()
+    path, calls = _fake_gguf(tmp_path, monkeypatch, tokenizer=tok, family="qwen2")
+    with caplog.at_level("WARNING", logger="embgeom.adapters"):
+        first = load_model(path, progress=False)
+    assert "does not load back the same" in caplog.text and "Qwen2Tokenizer" in caplog.text
+    entry = _load._converted_folder(path)
+    assert not entry.exists() and not list(entry.parent.iterdir())  # no temporary left
+    assert first.tokenizer("w3 w5").input_ids == [3, 5]
+    load_model(path, progress=False)
+    assert [kw for _, kw in calls] == [{"gguf_file": "m.gguf"}] * 2
+
+
+def test_the_log_says_where_the_model_came_from(tmp_path, monkeypatch, caplog):
+    path, _ = _fake_gguf(tmp_path, monkeypatch)
+    entry = _load._converted_folder(path)
+    with caplog.at_level("INFO", logger="embgeom.adapters"):
+        load_model(path, progress=False)
+        assert f"cached in {entry}" in caplog.text
+        caplog.clear()
+        load_model(path, progress=False)
+    assert f"model from the converted cache {entry}" in caplog.text
+
+
+def test_an_entry_has_the_umask_permissions_of_a_new_folder(tmp_path):
+    model, _ = _tiny("qwen2")
+    old = os.umask(0o022)
+    try:
+        _load._save_converted(model, None, tmp_path / "entry")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "entry").stat().st_mode) == 0o755
 
 
 def test_no_cache_when_switched_off(tmp_path, monkeypatch):

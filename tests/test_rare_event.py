@@ -547,6 +547,23 @@ def test_histogram_of_rare_event_log_shares(tmp_path):
     assert labels == ["3 of a 4-token sample of 8; 1 proven empty, not drawn"]
 
 
+def test_a_token_count_above_the_vocabulary_is_every_token():
+    """tokens=1000 on a 6-token decoder is documented as every token: the same shares, draw for
+    draw, as tokens=None (and a sample of 3 is a strict, seeded subset)."""
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    W, _ = cross_polytope(3)
+    ball = Ball.from_params(np.zeros(3), 1.0)
+    kw = dict(seed=5, progress=False, n_chains=32, method="rare-event", target_se=None)
+    every = cell_volumes(Decoder(W), ball, 200, tokens=None, **kw)
+    many = cell_volumes(Decoder(W), ball, 200, tokens=1000, **kw)
+    np.testing.assert_array_equal(many.log_fractions, every.log_fractions)
+    assert np.all(np.isfinite(every.log_fractions))
+    few = cell_volumes(Decoder(W), ball, 200, tokens=3, **kw)
+    assert np.isfinite(few.log_fractions).sum() == 3
+
+
 def test_scale_of_W_and_G_changes_no_share():
     """A bias-free cone does not change when W or G is scaled: the estimator brings both to unit
     scale by powers of two, so W * 2^100 (1e30, whose products overflowed float32 and gave every

@@ -191,6 +191,8 @@ def test_precision_eps_is_exact_and_refuses_underflow():
     with pytest.raises(ValueError, match="dtype_or_bits: radius \\* 2\\*\\*-53 = .* underflows"):
         bounds.precision_eps(1e-300, 53)
     with pytest.raises(ValueError, match="underflows"):
+        bounds.precision_eps(1e-290, 113)  # binary128 at a tiny radius
+    with pytest.raises(ValueError, match="more than any float format"):
         bounds.precision_eps(1.0, 2000)  # was 0.0, silently
 
 

@@ -294,6 +294,63 @@ def _loading(path: Path):
 #: Layout version of the converted-GGUF cache (part of each entry's folder name).
 _CONVERTED_FORMAT = 1
 
+#: The completion marker of a cache entry: a JSON manifest of every other file in it (bytes and
+#: SHA-256) and whether a tokenizer was saved. Written last, so an entry without it is a write
+#: cut short; checked on every load, so that an entry changed after it was written (a tensor
+#: dropped from the safetensors file, an edited config.json, a broken tokenizer.json) is never
+#: read as the model: transformers fills a missing tensor with random weights and loads a config
+#: with fewer layers without a word.
+_MARKER = "embgeom_complete"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(folder: Path, *, has_tokenizer: bool) -> dict:
+    """The marker's content for the files now in ``folder``."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(folder.iterdir()) if p.is_file() and p.name != _MARKER}
+    return {"format": _CONVERTED_FORMAT, "has_tokenizer": bool(has_tokenizer), "files": files}
+
+
+def _entry_problem(folder: Path) -> tuple[str | None, dict]:
+    """``(why the entry cannot be trusted or None, its manifest)``: the marker must be a
+    manifest of this format, and the folder must hold exactly its files, with their sizes and
+    SHA-256 digests."""
+    try:
+        manifest = json.loads((folder / _MARKER).read_text())
+        files = manifest["files"]
+        if manifest.get("format") != _CONVERTED_FORMAT or not isinstance(files, dict):
+            raise ValueError("another format")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its manifest is unreadable ({type(exc).__name__}: {exc})", {}
+    present = {p.name for p in folder.iterdir() if p.name != _MARKER}
+    if present != set(files):
+        missing, extra = sorted(set(files) - present), sorted(present - set(files))
+        return (f"its files differ from its manifest (missing {missing}, not in it {extra})",
+                manifest)
+    for name, rec in files.items():
+        p = folder / name
+        try:
+            if not p.is_file() or p.stat().st_size != rec["bytes"] or _sha256(p) != rec["sha256"]:
+                return f"{name} changed after it was written (size or SHA-256)", manifest
+        except (OSError, KeyError, TypeError) as exc:
+            return f"{name} cannot be checked ({type(exc).__name__}: {exc})", manifest
+    return None, manifest
+
+
+def _loader_reason(exc: BaseException) -> str:
+    """The loader's own reason for a failure that :func:`_loading` wrapped (without the advice
+    on what to pass, which is about the user's argument, not about a cache entry)."""
+    return _first_line(exc.__cause__ if exc.__cause__ is not None else exc)
+
 
 def _converted_root() -> Path | None:
     """Where dequantised GGUF models are kept (``<cache root>/models``, beside the
@@ -313,21 +370,17 @@ def _converted_folder(path: Path) -> Path | None:
     root = _converted_root()
     if root is None:
         return None
-    import hashlib
-
     import transformers
 
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return root / (f"{path.stem}-{h.hexdigest()[:20]}-tf{transformers.__version__}"
+    return root / (f"{path.stem}-{_sha256(path)[:20]}-tf{transformers.__version__}"
                    f"-v{_CONVERTED_FORMAT}")
 
 
 def _save_converted(model, tokenizer, folder: Path, *, replace: bool = False) -> None:
     """Write the dequantised model and its tokenizer (safetensors, float32) to ``folder``,
-    atomically (a temporary sibling renamed at the end); a failure only warns.
+    atomically (a temporary sibling renamed at the end), with the manifest :data:`_MARKER`
+    written last; a failure only warns. The entry gets the permissions the user's umask gives
+    a new folder (a temporary folder starts private).
 
     An entry already there without its completion marker (a write cut short), or any entry when
     ``replace`` (one that failed to load), is removed first; a complete one is another
@@ -356,8 +409,17 @@ def _save_converted(model, tokenizer, folder: Path, *, replace: bool = False) ->
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        (tmp / "embgeom_complete").write_text("1\n")
-        if folder.exists() and (replace or not (folder / "embgeom_complete").is_file()):
+            why = _tokenizer_round_trip(tokenizer, tmp)
+            if why is not None:
+                _log.warning("not caching the converted model in %s: its tokenizer does not "
+                             "load back the same (%s)", folder, why)
+                return
+        (tmp / _MARKER).write_text(json.dumps(
+            _manifest(tmp, has_tokenizer=tokenizer is not None), indent=1) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        if folder.exists() and (replace or not (folder / _MARKER).is_file()):
             # renamed aside first, so that no reader sees a half-removed folder as the entry
             trash = Path(tempfile.mkdtemp(prefix=folder.name + ".old.", dir=folder.parent))
             os.replace(folder, trash / "entry")
@@ -365,7 +427,7 @@ def _save_converted(model, tokenizer, folder: Path, *, replace: bool = False) ->
         os.replace(tmp, folder)
         tmp = None
     except OSError as exc:  # a full disk or a read-only cache: the model is loaded anyway
-        if (folder / "embgeom_complete").is_file():
+        if (folder / _MARKER).is_file():
             # another process converted the same file at the same time and renamed first
             _log.debug("%s was written by another process meanwhile", folder)
         else:
@@ -373,6 +435,35 @@ def _save_converted(model, tokenizer, folder: Path, *, replace: bool = False) ->
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: Text whose token ids a cached tokenizer must reproduce: words, digits, spacing, accents,
+#: CJK, an emoji and a control character, the cases where tokenizers differ.
+_TOKENIZER_PROBE = ("The decoder's cells partition the hidden-state space.  12345 6.02e23\n"
+                    "\tünïcødé naïve café 北京 🤖 \x07 end")
+
+
+def _tokenizer_round_trip(tokenizer, folder: Path) -> str | None:
+    """None when ``AutoTokenizer`` on ``folder`` (beside the saved config, as a cached load
+    reads it) gives the same vocabulary and the same ids of :data:`_TOKENIZER_PROBE` as
+    ``tokenizer``; else why not. transformers 5 can pick another tokenizer class from the
+    config's model type than the one that was saved (a generic fast tokenizer beside a
+    ``qwen2`` config loads back as an empty ``Qwen2Tokenizer``)."""
+    from transformers import AutoTokenizer
+
+    try:
+        with _quiet_transformers(False):
+            back = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises bare Exception too
+        return f"it does not load: {_first_line(exc)}"
+    if back.get_vocab() != tokenizer.get_vocab():
+        return f"another vocabulary ({type(back).__name__} of {len(back)} tokens, saved " \
+               f"{type(tokenizer).__name__} of {len(tokenizer)})"
+    if back(_TOKENIZER_PROBE).input_ids != tokenizer(_TOKENIZER_PROBE).input_ids:
+        return f"other token ids for the same text ({type(back).__name__})"
+    return None
 
 
 def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
@@ -387,20 +478,29 @@ def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
             source_dtype = _gguf_source_dtype(path)
         conv = _converted_folder(path)
         damaged = False
-        if conv is not None and (conv / "embgeom_complete").is_file():
-            try:
-                lm = _from_pretrained(conv, str(conv), {}, progress)
-            except Exception as exc:  # noqa: BLE001 - a damaged cache entry: convert again
-                _log.warning("the cached conversion %s does not load (%s); converting %s again",
-                             conv, _first_line(exc), path)
-                damaged = True
-            else:
-                return LoadedModel(model=lm[0], tokenizer=lm[1], name=name, source=path,
-                                   source_dtype=source_dtype)
+        if conv is not None and (conv / _MARKER).is_file():
+            problem, manifest = _entry_problem(conv)
+            if problem is None:
+                try:
+                    lm = _from_pretrained(conv, str(conv), {}, progress)
+                except Exception as exc:  # noqa: BLE001 - a damaged cache entry: convert again
+                    problem = f"it does not load ({_loader_reason(exc)})"
+                else:
+                    if lm[1] is None and manifest.get("has_tokenizer"):
+                        problem = "its tokenizer does not load"
+                    else:
+                        _log.info("model from the converted cache %s", conv)
+                        return LoadedModel(model=lm[0], tokenizer=lm[1], name=name, source=path,
+                                           source_dtype=source_dtype)
+            _log.warning("the cached conversion %s cannot be used (%s); converting %s again",
+                         conv, problem, path)
+            damaged = True
         model, tokenizer = _from_pretrained(path, str(path.parent), {"gguf_file": path.name},
                                             progress)
         if conv is not None:
             _save_converted(model, tokenizer, conv, replace=damaged)
+            if (conv / _MARKER).is_file():
+                _log.info("model converted from %s and cached in %s", path.name, conv)
         return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=path,
                            source_dtype=source_dtype)
     model, tokenizer = _from_pretrained(path, str(path), {}, progress)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -28,6 +29,8 @@ from .._validation import check_positive_int, seed_sequence
 from ._forward import _causal_lm, _check_model, _hidden
 
 __all__ = ["default_cache_dir", "sample_hidden_states"]
+
+_log = logging.getLogger(__name__)
 
 #: bumped whenever the sampling protocol or the file format changes (old files are then ignored)
 _CACHE_VERSION = 4
@@ -268,9 +271,9 @@ def _load_cache(path: Path, key: dict, shape: tuple[int, int]) -> np.ndarray | N
     return None
 
 
-def _save_cache(path: Path, key: dict, H: np.ndarray) -> None:
+def _save_cache(path: Path, key: dict, H: np.ndarray) -> bool:
     """Write ``H`` and its key atomically (temporary file, then rename); a failure is a warning,
-    not a loss of the computed result."""
+    not a loss of the computed result. True when the file was written."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,9 +281,12 @@ def _save_cache(path: Path, key: dict, H: np.ndarray) -> None:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, H=H, key=np.array(_key_text(key)))
         os.replace(tmp, path)
+        tmp = None
+        return True
     except OSError as exc:
         warnings.warn(f"cannot write cache file {path} ({exc}); the result is not cached",
                       RuntimeWarning, stacklevel=3)
+        return False
     finally:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -401,6 +407,7 @@ def sample_hidden_states(
         if path.is_file():
             H = _load_cache(path, key, (row_lengths.size, int(d)))
             if H is not None:
+                _log.info("hidden states from the cache %s", path)
                 return H, row_lengths
 
     from tqdm.auto import tqdm
@@ -421,5 +428,6 @@ def sample_hidden_states(
                 done += b
                 bar.update(b)
     if path is not None:
-        _save_cache(path, key, H)
+        if _save_cache(path, key, H):
+            _log.info("hidden states cached in %s", path)
     return H, row_lengths

@@ -23,11 +23,22 @@ FORMAT_BITS: dict[str, int] = {
 }
 
 
+#: The most significant bits a float format has (IEEE binary128: 112 stored + 1 implicit).
+MAX_BITS = 113
+
+
 def _format_bits(dtype_or_bits) -> int:
     if isinstance(dtype_or_bits, bool):
         raise TypeError("dtype_or_bits: expected a dtype, a format name or an int of bits, got bool")
     if isinstance(dtype_or_bits, (numbers.Integral, np.integer)):
-        return check_positive_int(dtype_or_bits, "dtype_or_bits")
+        bits = check_positive_int(dtype_or_bits, "dtype_or_bits")
+        if bits > MAX_BITS:
+            raise ValueError(
+                f"dtype_or_bits: {bits} significant bits is more than any float format has "
+                f"(binary128 has {MAX_BITS}); pass the format's significant bits (float32 24, "
+                "bfloat16 8, float16 11, float64 53), not a vocabulary size or a bit width"
+            )
+        return bits
     if isinstance(dtype_or_bits, str):
         key = dtype_or_bits
     else:
@@ -64,7 +75,8 @@ def precision_eps(radius, dtype_or_bits) -> float:
     Raises
     ------
     TypeError, ValueError
-        ``radius <= 0``, non-finite, an unknown format, bits < 1, or an ``eps`` below float64's
+        ``radius <= 0``, non-finite, an unknown format, bits < 1 or > 113 (binary128's, the
+        most of any float format), or an ``eps`` below float64's
         normal range (``radius * 2**-bits < 2.2e-308``: it would lose digits or round to 0).
 
     Notes

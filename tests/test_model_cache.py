@@ -219,7 +219,7 @@ def test_a_readable_but_changed_entry_is_never_the_model(tmp_path, monkeypatch, 
 
 
 def test_an_entry_with_extra_or_missing_files_or_an_old_marker_converts_again(tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch, caplog):
     path, calls = _fake_gguf(tmp_path, monkeypatch)
     load_model(path, progress=False)
     entry = _load._converted_folder(path)
@@ -231,10 +231,20 @@ def test_an_entry_with_extra_or_missing_files_or_an_old_marker_converts_again(tm
     assert calls[-1][1] == {"gguf_file": "m.gguf"} and _load._entry_problem(entry)[0] is None
     (entry / "generation_config.json").unlink()
     assert "missing ['generation_config.json']" in _load._entry_problem(entry)[0]
-    (entry / _load._MARKER).write_text("1\n")  # the marker of the first cache layout
-    assert "manifest is unreadable" in _load._entry_problem(entry)[0]
-    n = len(calls)
+    (entry / _load._MARKER).write_text("{ not json")
+    assert "manifest is unreadable (JSONDecodeError" in _load._entry_problem(entry)[0]
+    (entry / _load._MARKER).write_text('{"format": 1, "files": 3}')
+    assert "not a manifest of this cache layout" in _load._entry_problem(entry)[0]
     load_model(path, progress=False)
+    # the bare "1" that entries held before manifests: converted again without a warning
+    (entry / _load._MARKER).write_text("1\n")
+    assert _load._entry_problem(entry)[0] == _load._NO_MANIFEST
+    n = len(calls)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="embgeom.adapters"):
+        load_model(path, progress=False)
+    assert "predates the cache's manifests" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert calls[n][1] == {"gguf_file": "m.gguf"} and _load._entry_problem(entry)[0] is None
 
 

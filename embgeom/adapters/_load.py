@@ -320,17 +320,23 @@ def _manifest(folder: Path, *, has_tokenizer: bool) -> dict:
     return {"format": _CONVERTED_FORMAT, "has_tokenizer": bool(has_tokenizer), "files": files}
 
 
+#: The problem of an entry written before manifests (complete, but nothing to check it by).
+_NO_MANIFEST = "it predates the cache's manifests"
+
+
 def _entry_problem(folder: Path) -> tuple[str | None, dict]:
     """``(why the entry cannot be trusted or None, its manifest)``: the marker must be a
     manifest of this format, and the folder must hold exactly its files, with their sizes and
     SHA-256 digests."""
     try:
         manifest = json.loads((folder / _MARKER).read_text())
-        files = manifest["files"]
-        if manifest.get("format") != _CONVERTED_FORMAT or not isinstance(files, dict):
-            raise ValueError("another format")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         return f"its manifest is unreadable ({type(exc).__name__}: {exc})", {}
+    if not isinstance(manifest, dict):  # the bare "1" of the entries written before manifests
+        return _NO_MANIFEST, {}
+    files = manifest.get("files")
+    if manifest.get("format") != _CONVERTED_FORMAT or not isinstance(files, dict):
+        return "its manifest is unreadable (not a manifest of this cache layout)", {}
     present = {p.name for p in folder.iterdir() if p.name != _MARKER}
     if present != set(files):
         missing, extra = sorted(set(files) - present), sorted(present - set(files))
@@ -492,8 +498,10 @@ def _load_path(path: Path, *, name: str, progress: bool) -> LoadedModel:
                         _log.info("model from the converted cache %s", conv)
                         return LoadedModel(model=lm[0], tokenizer=lm[1], name=name, source=path,
                                            source_dtype=source_dtype)
-            _log.warning("the cached conversion %s cannot be used (%s); converting %s again",
-                         conv, problem, path)
+            # an entry from before manifests is no damage: converting it again is the upgrade
+            _log.log(logging.INFO if problem == _NO_MANIFEST else logging.WARNING,
+                     "the cached conversion %s cannot be used (%s); converting %s again",
+                     conv, problem, path)
             damaged = True
         model, tokenizer = _from_pretrained(path, str(path.parent), {"gguf_file": path.name},
                                             progress)

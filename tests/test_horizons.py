@@ -262,6 +262,31 @@ def test_run_horizons_summary_is_read_by_the_report(tiny, tmp_path):
     assert r["converged"] is None and r["target_source"] == "random-tokens"
 
 
+def test_run_horizons_per_m_target_counts_then_more_equals_one_run(tiny, tmp_path):
+    """n_targets={1: 4, 2: 2} runs 4 and 2 targets; a second call at 4 for both resumes m = 1
+    (no new record) and adds targets 2, 3 of m = 2, whose horizons equal a one-shot run's."""
+    from embgeom.cramming import run_horizons
+
+    kw = dict(max_length={1: 8, 2: 10}, protocol="progressive", steps_per_length=30,
+              batch_size=2, n_boot=0, plot=False, progress=False)
+    a = run_horizons(tiny, [1, 2], tmp_path / "a", n_targets={1: 4, 2: 2}, **kw)
+    assert [len(a["horizons"][m]["horizons"]) for m in ("1", "2")] == [4, 2]
+    assert a["settings"]["n_targets"] == {"1": 4, "2": 2}
+    assert "4 (m = 1), 2 (m = 2) targets" in (tmp_path / "a" / "cram_summary.md").read_text()
+    lines = (tmp_path / "a" / "horizons.jsonl").read_text().splitlines()
+    b = run_horizons(tiny, [1, 2], tmp_path / "a", n_targets=4, **kw)
+    assert b["settings"]["n_targets"] == 4
+    assert (tmp_path / "a" / "horizons.jsonl").read_text().splitlines()[:len(lines)] == lines
+    assert len((tmp_path / "a" / "horizons.jsonl").read_text().splitlines()) == len(lines) + 2
+    one = run_horizons(tiny, [1, 2], tmp_path / "one", n_targets=4, **kw)
+    for m in ("1", "2"):
+        assert b["horizons"][m]["horizons"] == one["horizons"][m]["horizons"]
+    with pytest.raises(ValueError, match="n_targets: no number of targets for m = \\[2\\]"):
+        run_horizons(tiny, [1, 2], tmp_path / "c", n_targets={1: 2}, **kw)
+    with pytest.raises(ValueError, match="n_targets"):
+        run_horizons(tiny, [1], tmp_path / "d", n_targets={1: 0}, **kw)
+
+
 # ------------------------------------------------------------------ per-length resume (issue 21)
 
 

@@ -63,7 +63,7 @@ def budget_converged(n50_by_budget: dict, *, tolerance: float = 0.1) -> dict:
             "n50": [n2, n3], "tolerance": tolerance}
 
 
-def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: int = 64,
+def run_horizons(model_name, mems, out_dir, *, n_targets: int | dict = 16, max_length: int = 64,
                  target_source="random-tokens", protocol=DEFAULT_PROTOCOL,
                  steps_per_length: int = 500, max_steps: int | None = None, seed: int = 0,
                  batch_size: int = 16, precision: str = "float32", n_boot: int = 1000,
@@ -84,7 +84,9 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
     out_dir : str or Path
     n_targets, max_length, target_source, protocol, steps_per_length, max_steps, seed,
     batch_size, precision, check_generation, start_token, device :
-        see :func:`horizons` (``max_length`` may also be a dict {m: length}).
+        see :func:`horizons` (``n_targets`` and ``max_length`` may also be dicts {m: value};
+        targets are drawn by index, so a later call with more targets for an m resumes the
+        same first ones and adds the rest).
     n_boot : int, default 1000
         Bootstrap resamples of each n50 interval: 0 (no interval) or at least 100.
     c_theory : float, optional
@@ -123,6 +125,12 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
             raise ValueError(f"max_length: no length for m = {missing}")
     lengths = {m: check_positive_int(max_length[m] if isinstance(max_length, dict)
                                      else max_length, "max_length") for m in ms}
+    if isinstance(n_targets, dict):
+        missing = [m for m in ms if m not in n_targets]
+        if missing:
+            raise ValueError(f"n_targets: no number of targets for m = {missing}")
+    counts = {m: check_positive_int(n_targets[m] if isinstance(n_targets, dict)
+                                    else n_targets, "n_targets") for m in ms}
     if converged is not None and not (isinstance(converged, dict) and "converged" in converged):
         raise TypeError("converged: expected None or a budget_converged() result (a dict with "
                         f"'converged'), got {type(converged).__name__}")
@@ -153,7 +161,7 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
     jsonl = out / "horizons.jsonl"
     curves, n50s = {}, {}
     for m in ms:
-        hc = horizons(model, m, n_targets=n_targets, max_length=lengths[m],
+        hc = horizons(model, m, n_targets=counts[m], max_length=lengths[m],
                       target_source=target_source, protocol=proto,
                       steps_per_length=steps_per_length, max_steps=max_steps, seed=seed,
                       start_token=start_token, batch_size=batch_size, precision=precision,
@@ -170,7 +178,9 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int = 16, max_length: 
         if finite:
             files["n50_png"] = plot_n50(finite, fit, out / "n50_vs_m.png")
     settings = {
-        "kind": "horizons", "mems": ms, "n_targets": n_targets,
+        "kind": "horizons", "mems": ms,
+        "n_targets": (counts[ms[0]] if len(set(counts.values())) == 1
+                      else {str(m): v for m, v in counts.items()}),
         "max_length": {str(m): v for m, v in lengths.items()},
         "protocol": {"name": proto.name, "source": proto.source, **proto.to_dict()},
         "steps_per_length": steps_per_length, "max_steps": max_steps, "seed": seed,

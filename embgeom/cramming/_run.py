@@ -316,7 +316,8 @@ def _summary_markdown(summary: dict) -> str:
             f"{st.get('start_token')}; protocol {p['name']} ({p['source']}); at most "
             f"{st['steps_per_length']} updates per length"
             + (f", {st['max_steps']} per target" if st.get("max_steps") else "")
-            + f"; {st['n_targets']} targets ({st['target_source']}), seed {st['seed']}; "
+            + f"; {_targets_text(st['n_targets'])} targets ({st['target_source']}), "
+            f"seed {st['seed']}; "
             f"wall {summary['wall_s']:.0f} s.",
             "Accessibility(n) = P(h >= n) over the targets' horizons h; n50 = median horizon. "
             + ("n50 has converged in the budget (change " f"{conv['change']:.1%})."
@@ -363,3 +364,10 @@ def _summary_markdown(summary: dict) -> str:
     else:
         lines.append(f"no slope: {summary.get('fit_error')}")
     return "\n".join(lines) + "\n"
+
+
+def _targets_text(n) -> str:
+    """``16``, or for per-m counts ``16 (m = 1), 8 (m = 2)``."""
+    if isinstance(n, dict):
+        return ", ".join(f"{v} (m = {k})" for k, v in n.items())
+    return str(n)

@@ -230,7 +230,9 @@ def compare(a) -> dict:
 def status(a) -> dict:
     """Where every run stands, from its files alone (no model is loaded): per run folder and m
     the finished targets, their horizons and n50 [95% bootstrap], and the cut-short batches'
-    checkpoints (horizon so far, updates, done); with two or more m the interim C_emp fit.
+    checkpoints (horizon so far, updates, done); with two or more m the interim C_emp fit; for
+    an unfinished last sweep budget the lower bound on its n50 (a horizon so far only rises)
+    and, where that bound already changes n50 by >= 10%, the final verdict "not converged".
     Writes nothing; for the closing note and the next session's resume."""
     import numpy as np
 
@@ -258,22 +260,50 @@ def status(a) -> dict:
             print(f"{d.relative_to(OUT)}  m={m}  {len(rs)} targets  horizons "
                   f"{hc.horizons.tolist()}  n50 {n['n50']} [{n.get('lower')}, {n.get('upper')}]")
         ck = d / "horizons.jsonl.ckpt"
+        so_far = []
         for p in sorted(ck.glob("batch_*.pt")) if ck.is_dir() else []:
             import torch
 
             st = torch.load(p, weights_only=False)["state"]
             h = [int(x) for x in np.asarray(st["h"]).ravel()]
+            so_far += h
             print(f"{d.relative_to(OUT)}  checkpoint {p.name}: horizons so far {h}, updates "
                   f"{np.asarray(st['t_total']).ravel().tolist()}, done "
                   f"{np.asarray(st['done']).ravel().tolist()}")
+        bound = None
+        if (d.parent.name == "sweep" and 1 in row and len(row[1]["horizons"]) < 8
+                and len(row[1]["horizons"]) + len(so_far) >= 8):
+            # a horizon so far (the longest length crammed) can only rise, so the median of the
+            # finished horizons and those so far is a lower bound on the budget's final n50
+            bound = float(np.median((row[1]["horizons"] + so_far)[:8]))
+            print(f"{d.relative_to(OUT)}  n50 >= {bound} once its 8 targets finish "
+                  "(finished horizons and those so far)")
         finite = {m: v["n50"] for m, v in row.items() if np.isfinite(v["n50"])}
         if len(finite) >= 2:
             fit = fit_slope(finite)
             print(f"{d.relative_to(OUT)}  interim C_emp {fit['c_emp']:.2f} "
                   f"[{fit['c_emp_lower']:.2f}, {fit['c_emp_upper']:.2f}], R^2 {fit['r2']:.3f}")
             row["fit"] = fit
+        if bound is not None:
+            row["n50_at_least"] = bound
         out[str(d.relative_to(OUT))] = row
+    _sweep_bound(out)
     return out
+
+
+def _sweep_bound(out: dict) -> None:
+    """The budget sweep's verdict where the last budget's n50 is only bounded below: a change
+    from the second budget that is already >= 10% at the bound is final (not converged)."""
+    b2, b3 = SWEEP_BUDGETS[-2], SWEEP_BUDGETS[-1]
+    r2, r3 = out.get(f"sweep/steps{b2}", {}).get(1), out.get(f"sweep/steps{b3}", {})
+    lo = r3.get("n50_at_least")
+    if not r2 or lo is None or len(r2["horizons"]) < 8:
+        return
+    change = (lo - r2["n50"]) / r2["n50"]
+    verdict = ("not converged at %d (final: a horizon so far only rises)" % b2 if change >= 0.1
+               else "undecided")
+    print(f"sweep  n50 {r2['n50']} at {b2:,} -> >= {lo} at {b3:,}: change >= {change:.1%}, "
+          f"{verdict}")
 
 
 def main(argv=None) -> None:

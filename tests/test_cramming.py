@@ -518,8 +518,9 @@ def test_patience_stops_a_row_whose_best_accuracy_stalls(tiny):
     assert ok.success.all() and list(ok.stop_reason) == ["accuracy", "accuracy"]
 
 
-def test_bf16_autocast_stops_are_confirmed_in_float32(tiny, monkeypatch):
-    """Under bf16 autocast only the model forward runs in bf16; a row stops on accuracy only
+@pytest.mark.parametrize("precision", ["bf16-autocast", "bf16-linear"])
+def test_bf16_stops_are_confirmed_in_float32(tiny, monkeypatch, precision):
+    """Under a bf16 precision only the model forward runs in bf16; a row stops on accuracy only
     when a float32 forward confirms 100%; the recorded loss and accuracy are float32."""
     from embgeom.cramming import _optimise
 
@@ -527,16 +528,17 @@ def test_bf16_autocast_stops_are_confirmed_in_float32(tiny, monkeypatch):
     seen = []
     real = _optimise._model_forward
 
-    def spy(hf, x, keep, bf16):
-        seen.append((bf16, torch.is_autocast_enabled("cpu")))
-        out = real(hf, x, keep, bf16)
+    def spy(hf, x, keep, prec):
+        seen.append(prec)
+        out = real(hf, x, keep, prec)
         assert out.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        assert all("forward" not in vars(m) for m in hf.modules())  # bf16-linear unpatched
         return out
 
     monkeypatch.setattr(_optimise, "_model_forward", spy)
-    r = cram(tiny, T, 1, steps=STEPS, lr=LR, seed=0, precision="bf16-autocast")
-    assert r.precision == "bf16-autocast" and r.to_records()[0]["precision"] == "bf16-autocast"
-    assert {b for b, _ in seen} == {True, False}  # optimisation in bf16, confirmations float32
+    r = cram(tiny, T, 1, steps=STEPS, lr=LR, seed=0, precision=precision)
+    assert r.precision == precision and r.to_records()[0]["precision"] == precision
+    assert set(seen) == {precision, "float32"}  # optimisation in bf16, confirmations float32
     assert r.success.any()
     # every verdict and number is the float32 one of the returned vectors
     np.testing.assert_allclose(teacher_forced_accuracy(tiny, r.memory, T), r.accuracy)
@@ -547,15 +549,15 @@ def test_bf16_autocast_stops_are_confirmed_in_float32(tiny, monkeypatch):
     # claim 100% (the argmax equal to the targets) and check that nothing stops on that alone
     T16 = sample_targets(tiny, 16, 2, seed=1)
 
-    def liar(hf, x, keep, bf16):
-        logits = real(hf, x, keep, False)
-        if bf16:
+    def liar(hf, x, keep, prec):
+        logits = real(hf, x, keep, "float32")
+        if prec != "float32":
             fake = torch.nn.functional.one_hot(torch.as_tensor(T16), logits.shape[-1])
             return logits + 1e3 * fake.float()
         return logits
 
     monkeypatch.setattr(_optimise, "_model_forward", liar)
-    f = cram(tiny, T16, 1, steps=15, lr=LR, seed=0, precision="bf16-autocast",
+    f = cram(tiny, T16, 1, steps=15, lr=LR, seed=0, precision=precision,
              check_generation=False)
     assert not f.success.any() and (f.steps == 15).all() and (f.accuracy < 1).all()
 
@@ -951,3 +953,45 @@ def test_analysis_imports_without_torch():
             "print('torch' in sys.modules, a.fit_slope({1: 2.0, 2: 4.0})['c_emp'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "2.0"]
+
+
+@torch.no_grad()
+def test_bf16_linears_round_every_product_and_only_during_the_block(tiny):
+    """``"bf16-linear"``: every nn.Linear multiplies bf16-rounded inputs and weights (its output
+    equals the float32 product of the rounded operands up to float32 summation error), the
+    rest stays float32, the modules are restored after the block, and a changed weight is cast
+    again (the cache follows the weight's version)."""
+    from embgeom._hf import last_logits
+    from embgeom.cramming._optimise import _BF16_LINEARS, _bf16_linears
+
+    hf = tiny
+    lin = next(m for m in hf.modules() if type(m) is torch.nn.Linear)
+    x = torch.randn(3, lin.in_features)
+    want = torch.nn.functional.linear(x.bfloat16().float(), lin.weight.bfloat16().float(),
+                                      None if lin.bias is None else lin.bias.bfloat16().float())
+    with _bf16_linears(hf):
+        got = lin(x)
+        assert "forward" in vars(lin)
+    assert "forward" not in vars(lin) and got.dtype == torch.float32
+    # bf16 product of the rounded operands: within bf16 output rounding of the exact one
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=2**-7, atol=1e-6 * float(want.abs().max()))
+    assert not torch.equal(got, lin(x))  # and not the float32 product
+    e = torch.randn(2, 5, hf.get_input_embeddings().weight.shape[1])
+    with torch.no_grad():
+        ref = last_logits(hf, e, 3)[0]
+        with _bf16_linears(hf):
+            low = last_logits(hf, e, 3)[0]
+    assert low.dtype == torch.float32 and not torch.equal(low, ref)
+    assert float((low - ref).abs().max()) < 0.1 * float(ref.abs().max())
+    # a changed weight is cast again, not served from the cache
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    try:
+        with _bf16_linears(hf):
+            got2 = lin(x)
+        np.testing.assert_allclose(got2.numpy(), 2 * got.numpy() - (lin.bias.numpy() if lin.bias is not None else 0),
+                                   rtol=2**-6, atol=1e-5 * float(got.abs().max()))
+    finally:
+        with torch.no_grad():
+            lin.weight.div_(2.0)
+    assert hf in _BF16_LINEARS

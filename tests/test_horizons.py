@@ -139,6 +139,31 @@ def test_horizon_vectors_cram_their_prefix(tiny, run):
         assert (gen[0] == T[j, :h]).all() and r["generation_ok"]
 
 
+@pytest.mark.parametrize("precision", ["bf16-autocast", "bf16-linear"])
+def test_bf16_horizons_are_float32_horizons(tiny, precision, monkeypatch):
+    """Under a bf16 precision every length a target grows past was confirmed by a float32
+    forward: each recorded horizon's vector crams its prefix in float32 (teacher-forced), the
+    record names the precision, and the optimisation steps did run in bf16."""
+    seen = []
+    real = _horizons._model_forward
+
+    def spy(hf, x, keep, prec):
+        seen.append(prec)
+        return real(hf, x, keep, prec)
+
+    monkeypatch.setattr(_horizons, "_model_forward", spy)
+    r = horizons(tiny, 1, n_targets=4, max_length=8, protocol="adam", steps_per_length=80,
+                 n_boot=0, seed=0, precision=precision)
+    assert set(seen) == {precision, "float32"}
+    assert {rec["settings"]["precision"] for rec in r.records} == {precision}
+    assert r.horizons.max() >= 2
+    for rec in r.records:
+        j, h = rec["target_index"], rec["horizon"]
+        if h:
+            acc = teacher_forced_accuracy(tiny, r.memory[j][None], r.targets[j : j + 1, :h])
+            assert acc[0] == 1.0
+
+
 def test_accessibility_is_p_h_at_least_n(run):
     n, p, _, _ = run.accessibility()
     assert np.all(np.diff(p) <= 0)

@@ -216,7 +216,7 @@ class _Setup:
     steps_per_length: int
     max_steps: int
     n_mem: int
-    bf16: bool
+    precision: str
     warm_start: bool
     mu: torch.Tensor
     sd: torch.Tensor
@@ -236,7 +236,7 @@ def _forward(su: _Setup, param: _Param, Q, rows, T, te, k):
     K = int(k.max())
     P = param.memory(Q, rows)
     x = torch.cat([prefix(P, su.emb, su.start, su.mdtype), te[rows, : K - 1]], dim=1)
-    logits = _model_forward(su.hf, x, K, su.bf16)
+    logits = _model_forward(su.hf, x, K, su.precision)
     Tk = T[rows, :K]
     ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), Tk, reduction="none")
     with torch.no_grad():
@@ -247,12 +247,12 @@ def _forward(su: _Setup, param: _Param, Q, rows, T, te, k):
 def _confirm_float32(su: _Setup, param: _Param, Q, rows, T, te, k):
     """Leading-right counts (b,) of a float32 forward (bf16 stops are confirmed in float32)."""
     with torch.no_grad():
-        bf = su.bf16
-        su.bf16 = False
+        low = su.precision
+        su.precision = "float32"
         try:
             _, hits, _ = _forward(su, param, Q, rows, T, te, k)
         finally:
-            su.bf16 = bf
+            su.precision = low
     return hits.long().cumprod(1).sum(1)
 
 
@@ -268,7 +268,7 @@ def _leading_right(su: _Setup, param: _Param, Q, rows, T, te, k, hits) -> torch.
     """Leading tokens right (b,), within the window K, from the training forward's ``hits``;
     under bf16 a row that reached its length is confirmed by a float32 forward."""
     lead = hits.long().cumprod(1).sum(1)
-    if su.bf16 and bool((lead >= k).any()):
+    if su.precision != "float32" and bool((lead >= k).any()):
         grow_cand = lead >= k
         lead32 = _confirm_float32(su, param, Q.detach(), rows, T, te, k)
         lead = torch.where(grow_cand, lead32, lead)
@@ -652,7 +652,7 @@ def horizons(
     ``steps_per_length`` updates (or the protocol's patience) pass without 100% teacher-forced
     token accuracy, and the target's horizon is the last length crammed. The paper's success
     criterion (100% teacher-forced accuracy) is judged by the training forward itself (float32;
-    under ``"bf16-autocast"`` a success is confirmed by a float32 forward).
+    under ``"bf16-autocast"`` or ``"bf16-linear"`` a success is confirmed by a float32 forward).
 
     Parameters
     ----------
@@ -687,7 +687,9 @@ def horizons(
         fresh per-length run of the same budget: the check against per-length curves).
     init_scale : float, default 1.0
         Finite and > 0 (as :func:`cram`).
-    precision : {"float32", "bf16-autocast"}, default "float32"
+    precision : {"float32", "bf16-autocast", "bf16-linear"}, default "float32"
+        The model forward of the optimisation steps (as :func:`cram`); every success is
+        confirmed by a float32 forward before the target grows.
     jsonl : path, optional
         One JSON line per finished target; a rerun with the same settings skips those and
         resumes a cut batch from ``<jsonl>.ckpt/batch_<b>.pt``.
@@ -777,7 +779,7 @@ def horizons(
             mu, sd = _embedding_stats(emb, vocab)
             su = _Setup(hf, emb, start, mdtype, dev, proto, steps_per_length,
                         max_steps if max_steps is not None else 2**62, n_mem,
-                        precision == "bf16-autocast", bool(warm_start), mu, sd, vocab,
+                        precision, bool(warm_start), mu, sd, vocab,
                         float(init_scale))
             for b in todo:
                 memory.update(_run_batch(su, b, batches[b], T_np, seed, jsonl, shash, settings,

@@ -83,6 +83,40 @@ bf16 stopped were confirmed by float32 teacher forcing and generation (no false 
 n = 12 half of the check set was not run (the float32 run alone needs ~15 min under this load).
 By the issue's rule bf16 autocast is therefore an option, not the default.
 
+Measured again (2026-12-04, Intel Xeon with AMX-BF16, 2 cores, torch 2.13 CPU; two nice'd
+cramming jobs on the same cores, so again read the ratios). Two changes since: the unembedding
+now sees its kept hidden states contiguous (``embgeom._hf._contiguous_head``: the strided
+``logits_to_keep`` slice sent ``F.linear`` down a batched product over a broadcast weight, 0.216
+s -> 0.116 s for forward and input gradient of 4 x 32 positions in float32, 0.717 -> 0.038 s in
+bf16), and ``cram(precision="bf16-linear")`` (every ``nn.Linear`` in bf16 from a cached bf16
+weight, attention and the rest float32; ``embgeom.cramming._optimise._bf16_linears``).
+``--rounds 2 --steps 2``:
+
+    variant                           steps x targets / s [min, max]   ratio
+    float32 (today's step)            6.369 [6.184, 6.553]    1.00
+    cram() itself                     4.377 [3.978, 4.776]    0.69
+    float32, 1 thread                 5.705 [5.604, 5.807]    0.90
+    bf16 autocast                     6.794 [6.105, 7.483]    1.07
+    bf16 autocast, 1 thread           7.559 [7.522, 7.596]    1.19
+    bf16 weights                      8.342 [7.402, 9.282]    1.31
+    bf16 linear layers                9.423 [9.242, 9.603]    1.48
+    bf16 linear layers, 1 thread     10.230 [10.207, 10.254]  1.61
+    fused loss (float32)              6.607 [6.496, 6.718]    1.04
+    GEMM 2048^3: float32 333, bf16 2203 GFLOP/s
+
+Autocast gains little here: it casts every weight on every call (``aten::copy_`` a fifth of its
+step in ``torch.profiler``) and runs attention in bf16, whose CPU backward took 107 ms of a
+0.63 s step against 17 ms in float32. The bf16 products themselves reach only ~400 GFLOP/s at
+these shapes (128 rows). Verdicts on this machine (``--verdicts float32`` and
+``--verdicts bf16-linear``, n = 8, 300 steps, 1 thread, ``--compare``):
+
+    float32        3/8  Y 149  Y 143  . 300  . 300  . 300  . 300  . 300  Y 221   (115 s)
+    bf16-linear    4/8  Y 159  Y 276  . 300  . 300  . 300  Y 283  . 300  Y 300   (84 s)
+
+One verdict changed, towards bf16 (target 6 crammed at step 283; float32 ended at 0.75): at a
+hard cap the two trajectories part on rounding, either way. The capacity runs
+(``benchmarks/capacity.py``) stay float32, the protocol their records were started in.
+
 Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_cram_step.py [--rounds 3] [--steps 2] \
@@ -116,9 +150,9 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from embgeom import _hf, cramming  # noqa: E402
-from embgeom.cramming._optimise import _embedding_stats  # noqa: E402
+from embgeom.cramming._optimise import _bf16_linears, _embedding_stats  # noqa: E402
 
-PRECISIONS = ("float32", "bf16-autocast", "bf16-weights")
+PRECISIONS = ("float32", "bf16-autocast", "bf16-linear", "bf16-weights")
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,7 +228,12 @@ class Stepper:
         """Loss (float32 (B,)) and per-position correctness at the current memory vectors."""
         P = self.P.requires_grad_(True)
         x = torch.cat([_hf.prefix(P, self.emb, self.start, self.mdtype), self.te], dim=1)
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast else contextlib.nullcontext()
+        if self.autocast == "linear":
+            ctx = _bf16_linears(self.hf)
+        elif self.autocast:
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+        else:
+            ctx = contextlib.nullcontext()
         if self.loss == "fused":
             with ctx:
                 h, ce, dh, amax = _fused_ce(self.hf, x, self.T, self.n)
@@ -304,6 +343,8 @@ def speed(lm, *, n=32, B=8, rounds=3, steps=2, compile_=False, seed=0) -> dict:
         "bf16 autocast": dict(make=lambda: Stepper(hf, emb, start, T, 1, seed=seed, autocast=True)),
         "bf16 autocast, 1 thread": dict(make=lambda: Stepper(hf, emb, start, T, 1, seed=seed, autocast=True), threads=1),
         "bf16 weights": dict(make=lambda: Stepper(hb, emb_b, start, T, 1, seed=seed)),
+        "bf16 linear layers": dict(make=lambda: Stepper(hf, emb, start, T, 1, seed=seed, autocast="linear")),
+        "bf16 linear layers, 1 thread": dict(make=lambda: Stepper(hf, emb, start, T, 1, seed=seed, autocast="linear"), threads=1),
         "fused loss (float32)": dict(make=lambda: Stepper(hf, emb, start, T, 1, seed=seed, loss="fused")),
         "fused loss + bf16 autocast": dict(make=lambda: Stepper(hf, emb, start, T, 1, seed=seed, loss="fused", autocast=True)),
     }
@@ -399,7 +440,7 @@ def verdicts(lm, precision: str, n: int, *, n_targets=8, steps=300, lr=1e-2, see
         model = dataclasses.replace(lm, model=hb)
     t0 = time.perf_counter()
     res = cramming.cram(model, T, 1, steps=steps, lr=lr, seed=seed, check_generation=False,
-                        precision="bf16-autocast" if precision == "bf16-autocast" else "float32")
+                        precision="float32" if precision == "bf16-weights" else precision)
     wall = time.perf_counter() - t0
     gen = cramming.greedy_generate(lm, res.memory, n, start_token=res.start_token)
     tf = cramming.teacher_forced_accuracy(lm, res.memory, T, start_token=res.start_token)

@@ -14,6 +14,10 @@ per finished target, a checkpoint for a batch cut short; rerun the same command 
   sooner), then the rest.
 - ``status``: where every run stands, from its files (finished targets, n50, checkpoints, an
   interim C_emp once two m have targets); loads no model.
+- ``summary``: ``status``, then an interim ``cram_summary.json`` / ``.md`` in every C_emp job
+  folder from its whole batches of finished targets, with the budget verdict (the bounded one
+  while the sweep's last budget runs), for ``embgeom report --cram-summary auto``; run it (and
+  commit its files) at the end of each session. Loads no model.
 - ``compare``: the horizon curve against the per-length curve at equal per-length budget on
   SmolLM2, m = 1. The per-length records are the committed slope run
   (``benchmarks/results/smollm2_cram/m1/cram.jsonl``: ``adam``, 1,000 updates per length,
@@ -291,6 +295,51 @@ def status(a) -> dict:
     return out
 
 
+def summary(a) -> dict:
+    """Interim ``cram_summary.json`` / ``.md`` for every C_emp job folder, from its finished
+    records (whole batches only: :func:`embgeom.cramming.summarise_horizons`), so that the
+    report (``--cram-summary auto``) reads the horizons measurement while the runs go on.
+    The budget verdict is ``budget_sweep.json``'s when the sweep has finished, else the bounded
+    one of :func:`status` (a final "not converged" once the 10,000-update bound decides it);
+    it is attached to SmolLM2's jobs only (the sweep's model). Loads no model."""
+    from embgeom.cramming import summarise_horizons
+
+    out = status(a)
+    verdict = None
+    p = OUT / "budget_sweep.json"
+    if p.exists():
+        verdict = json.loads(p.read_text())
+    else:
+        b2, b3 = SWEEP_BUDGETS[-2], SWEEP_BUDGETS[-1]
+        r2 = out.get(f"sweep/steps{b2}", {}).get(1)
+        lo = out.get(f"sweep/steps{b3}", {}).get("n50_at_least")
+        if r2 and lo is not None and (lo - r2["n50"]) / r2["n50"] >= 0.1:
+            verdict = {"converged": False, "change_at_least": (lo - r2["n50"]) / r2["n50"],
+                       "budgets": [b2, b3], "n50": [r2["n50"], None], "n50_at_least": lo,
+                       "tolerance": 0.1, "protocol": a.protocol,
+                       "basis": "the unfinished last budget's n50 bounded below by the "
+                                "finished horizons and the horizons so far (they only rise)"}
+    os.chdir(ROOT)  # the summaries name their files relative to the repository
+    done = {}
+    for job, (model, _, _) in JOBS.items():
+        d = OUT.relative_to(ROOT) / job
+        if not (d / "horizons.jsonl").exists():
+            continue
+        conv = verdict if model == "smollm2-135m" and verdict and verdict.get("protocol", a.protocol) == a.protocol else None
+        try:
+            s = summarise_horizons(d, converged=conv, plot=False)
+        except ValueError as e:
+            print(f"[summary] {job}: {e}")
+            continue
+        fit = s["fit"]
+        print(f"[summary] {job}: targets {s['settings']['n_targets']} n50 "
+              f"{ {m: v['n50'] for m, v in s['n50'].items()} } C_emp "
+              + (f"{fit['c_emp']:.2f} [{fit['c_emp_lower']:.2f}, {fit['c_emp_upper']:.2f}]"
+                 if fit else f"- ({s['fit_error']})") + f" -> {d / 'cram_summary.json'}")
+        done[job] = s
+    return done
+
+
 def _sweep_bound(out: dict) -> None:
     """The budget sweep's verdict where the last budget's n50 is only bounded below: a change
     from the second budget that is already >= 10% at the bound is final (not converged)."""
@@ -311,7 +360,7 @@ def main(argv=None) -> None:
     from embgeom.cramming import DEFAULT_PROTOCOL
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("job", choices=["sweep", "compare", "status", *JOBS])
+    p.add_argument("job", choices=["sweep", "compare", "status", "summary", *JOBS])
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL)
     p.add_argument("--steps-per-length", type=int, default=3000)
     p.add_argument("--threads", type=int, default=1)
@@ -326,6 +375,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(a.threads)
     if a.job == "status":
         status(a)
+    elif a.job == "summary":
+        summary(a)
     elif a.job == "sweep":
         sweep(a)
     elif a.job == "compare":

@@ -11,6 +11,7 @@ What can be wrong, and is checked here:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -285,6 +286,73 @@ def test_run_horizons_summary_is_read_by_the_report(tiny, tmp_path):
     assert r["n50"]["1"]["n50"] == s["n50"]["1"]["n50"]
     assert r["protocol"] == "progressive" and r["kind"] == "horizons"
     assert r["converged"] is None and r["target_source"] == "random-tokens"
+
+
+def test_summarise_horizons_reads_whole_batches_of_a_run_in_progress(tiny, tmp_path):
+    """summarise_horizons equals run_horizons' summary on a finished run; with records missing
+    it keeps only whole batches of the first targets (a batch cut short would keep its short
+    horizons and bias n50 low), drops an m with none, and refuses two runs in one file; the
+    report prefers it (a horizons run) over a newer per-length summary and random tokens over
+    words."""
+    import os
+
+    from embgeom.cramming import run_horizons, summarise_horizons
+    from embgeom.report import find_cram_summary, read_cram_summary
+
+    run = tmp_path / "run"
+    s = run_horizons(tiny, [1, 2], run, n_targets=4, max_length={1: 8, 2: 12}, batch_size=2,
+                     protocol="progressive", steps_per_length=40, n_boot=100, progress=False)
+    jsonl = run / "horizons.jsonl"
+    lines = [x for x in jsonl.read_text().splitlines() if x.strip()]
+    full = summarise_horizons(run, n_boot=100, plot=False)
+    assert full["settings"]["interim"] and full["settings"]["n_targets"] == {"1": 4, "2": 4}
+    for m in ("1", "2"):
+        assert full["n50"][m] == s["n50"][m]
+        assert full["horizons"][m]["horizons"] == s["horizons"][m]["horizons"]
+    assert full["fit"]["c_emp"] == s["fit"]["c_emp"]
+    assert "interim" in (run / "cram_summary.md").read_text()
+
+    # m = 1 lost target 3 (its batch 2-3 is not whole), m = 2 lost target 1 (no whole batch)
+    recs = [json.loads(x) for x in lines]
+    keep = [x for x, r in zip(lines, recs)
+            if (r["n_mem"], r["target_index"]) not in ((1, 3), (2, 1))]
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "horizons.jsonl").write_text("\n".join(keep) + "\n")
+    p = summarise_horizons(part, n_boot=100, plot=False)
+    h1 = [r["horizon"] for r in sorted(recs, key=lambda r: r["target_index"])
+          if r["n_mem"] == 1][:2]
+    assert p["settings"]["n_targets"] == {"1": 2} and set(p["n50"]) == {"1"}
+    assert p["n50"]["1"]["n50"] == float(np.median(h1))
+    assert p["fit"] is None and "two values of m" in p["fit_error"]
+
+    other = json.loads(lines[0])
+    other["settings_hash"] = "0" * 16
+    other["target_index"] = 99
+    (part / "horizons.jsonl").write_text("\n".join(keep + [json.dumps(other)]) + "\n")
+    with pytest.raises(ValueError, match="different settings"):
+        summarise_horizons(part, plot=False)
+    with pytest.raises(FileNotFoundError, match="horizons.jsonl"):
+        summarise_horizons(tmp_path / "nowhere")
+
+    # the report's choice: a horizons summary over a newer per-length one, random tokens first
+    per_length = json.loads((run / "cram_summary.json").read_text())
+    per_length.update(kind="per-length")
+    per_length["settings"] = {**per_length["settings"], "kind": "per-length"}
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "cram_summary.json").write_text(json.dumps(per_length))
+    words = json.loads((run / "cram_summary.json").read_text())
+    words["settings"]["target_source"] = "wordlist"
+    words["settings"]["n_targets"] = {"1": 40, "2": 40}
+    (tmp_path / "words").mkdir()
+    (tmp_path / "words" / "cram_summary.json").write_text(json.dumps(words))
+    for d in ("old", "words"):  # newer than the horizons run's summary
+        os.utime(tmp_path / d / "cram_summary.json", (2e9, 2e9))
+    name = read_cram_summary(run)["model"]
+    best = find_cram_summary(name, search_dirs=["."], root=tmp_path)
+    assert best["source"] == str(tmp_path / "./run/cram_summary.json") or \
+        Path(best["source"]).resolve() == (run / "cram_summary.json").resolve()
+    assert best["interim"] and best["target_source"] == "random-tokens"
 
 
 def test_run_horizons_per_m_target_counts_then_more_equals_one_run(tiny, tmp_path):

@@ -30,7 +30,9 @@ Public API
 - :func:`theory_slope`: ``C_theory`` from :mod:`embgeom.bounds`.
 - :func:`plot_accessibility`, :func:`plot_n50`: PNG figures.
 - :func:`run_horizons`: the horizons job (``embgeom cram --horizons``), same summary format;
-  :func:`budget_converged`: the budget-sweep rule (n50 changes by < 10%).
+  :func:`budget_converged`: the budget-sweep rule (n50 changes by < 10%);
+  :func:`summarise_horizons`: the same summary from a run folder's finished records (a run
+  in progress, read without a model).
 - :func:`run_cram`: the whole ``embgeom cram`` job (JSONL + JSON summary + PNGs).
 - :class:`ResumeRecordWarning`: a line of a resume JSONL file that was not trusted (re-run).
 
@@ -74,6 +76,7 @@ __all__ = [
     "DEFAULT_PROTOCOL",
     "run_horizons",
     "budget_converged",
+    "summarise_horizons",
     "ResumeRecordWarning",
 ]
 
@@ -101,6 +104,7 @@ _HOME = {
     "DEFAULT_PROTOCOL": "_protocols",
     "run_horizons": "_horizon_run",
     "budget_converged": "_horizon_run",
+    "summarise_horizons": "_horizon_run",
     "ResumeRecordWarning": "_curve",
 }
 

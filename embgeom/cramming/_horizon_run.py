@@ -25,7 +25,7 @@ from ._run import _check_out_dir, _fit, _load, _write_summary
 from ._targets import source_descriptor
 from .plots import plot_accessibility, plot_n50
 
-__all__ = ["run_horizons", "budget_converged"]
+__all__ = ["run_horizons", "budget_converged", "summarise_horizons"]
 
 
 def budget_converged(n50_by_budget: dict, *, tolerance: float = 0.1) -> dict:
@@ -207,3 +207,117 @@ def _curve_dict(hc) -> dict:
     d.pop("settings", None)
     return d
 
+
+
+def summarise_horizons(out_dir, *, converged: dict | None = None, c_theory: float | None = None,
+                       n_boot: int = 1000, plot: bool = True) -> dict:
+    """The summary of a horizons run folder from its finished records alone: no model is loaded
+    and nothing is crammed, so a run still going (or cut short) can be read mid-way.
+
+    Reads ``out_dir/horizons.jsonl`` (written by :func:`run_horizons` or :func:`horizons`), and
+    per m keeps the targets of *whole batches*: targets ``0 .. k-1`` with ``k`` the largest
+    multiple of the run's ``batch_size`` such that all of them have a record. A batch's short
+    horizons finish first, so a batch cut short would bias n50 low; whole batches are the
+    targets drawn by index, in order, whatever their horizons. Then n50 per m, C_emp by
+    :func:`fit_slope` (two or more finite n50) and ``cram_summary.json`` / ``.md`` as
+    :func:`run_horizons` writes them, with ``settings["interim"] = True`` and
+    ``settings["n_targets"]`` the targets used per m (``{m: k}``).
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        A folder holding ``horizons.jsonl``.
+    converged : dict, optional
+        The budget sweep's verdict (:func:`budget_converged`, or one bounded from a run in
+        progress: ``{"converged": False, ...}``); stored as ``settings["converged"]``.
+    c_theory : float, optional
+        Theorem 4.5's slope, for the ratio in the fit (tokens per vector).
+    n_boot : int, default 1000
+        Bootstrap resamples for n50's interval (0, or >= 100).
+    plot : bool, default True
+        Also write ``accessibility.png`` and ``n50_vs_m.png``.
+
+    Returns
+    -------
+    dict
+        The summary (the keys of :func:`run_horizons`'s).
+
+    Raises
+    ------
+    FileNotFoundError
+        No ``horizons.jsonl`` in ``out_dir``.
+    ValueError
+        Records of one m with different settings (two runs in one file), a record that is not
+        a horizon record, or no m with a whole batch of finished targets.
+    """
+    import json
+    from pathlib import Path
+
+    from .analysis import HorizonCurve
+
+    n_boot = check_n_boot(n_boot)
+    out = Path(out_dir)
+    jsonl = out / "horizons.jsonl"
+    if not jsonl.is_file():
+        raise FileNotFoundError(f"out_dir: no horizons.jsonl in {str(out)!r}")
+    by_m: dict = {}
+    for i, line in enumerate(jsonl.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            raise ValueError(f"out_dir: line {i + 1} of {str(jsonl)!r} is not JSON") from None
+        if not isinstance(r, dict) or r.get("kind") != "horizon" or "settings" not in r:
+            raise ValueError(f"out_dir: line {i + 1} of {str(jsonl)!r} is not a horizon record")
+        by_m.setdefault(int(r["n_mem"]), []).append(r)
+    curves, n50s, counts, st = {}, {}, {}, None
+    for m in sorted(by_m):
+        rs = by_m[m]
+        if len({r["settings_hash"] for r in rs}) != 1:
+            raise ValueError(f"out_dir: the m = {m} records of {str(jsonl)!r} come from "
+                             "runs with different settings")
+        s = rs[0]["settings"]
+        byi = {int(r["target_index"]): r for r in rs}
+        k = 0
+        while k in byi:
+            k += 1
+        k -= k % int(s["batch_size"])
+        if k == 0:
+            continue
+        hc = HorizonCurve.from_records([byi[j] for j in range(k)], n_mem=m,
+                                       max_length=int(s["max_length"]), settings=s,
+                                       n_boot=n_boot, seed=int(s["seed"]))
+        curves[m], n50s[m], counts[m], st = hc, hc.n50(), k, s
+    if not curves:
+        raise ValueError(f"out_dir: {str(jsonl)!r} has no m with a whole batch of finished targets")
+    finite, fit, fit_error = _fit(n50s, c_theory)
+    files = {"jsonl": str(jsonl)}
+    if plot:
+        files["accessibility_png"] = plot_accessibility(
+            {m: c.as_accessibility_curve() for m, c in curves.items()}, out / "accessibility.png")
+        if finite:
+            files["n50_png"] = plot_n50(finite, fit, out / "n50_vs_m.png")
+    proto = dict(st["protocol"])
+    settings = {
+        "kind": "horizons", "interim": True, "mems": sorted(curves),
+        "n_targets": {str(m): v for m, v in counts.items()},
+        "max_length": {str(m): int(curves[m].max_length) for m in curves},
+        "protocol": proto, "steps_per_length": st["steps_per_length"],
+        "max_steps": st.get("max_steps"), "seed": st["seed"],
+        "target_source": st.get("target_source"), "batch_size": st["batch_size"],
+        "precision": st.get("precision", "float32"), "n_boot": n_boot, "converged": converged,
+        "start_token": st.get("start_token"), "lr": proto.get("lr"),
+        "steps": st["steps_per_length"],
+    }
+    model = st.get("model") or {}
+    summary = {
+        "kind": "horizons", "model": model.get("name") if isinstance(model, dict) else model,
+        "source_dtype": None, "dtype": st.get("dtype"), "device": None, "settings": settings,
+        "curves": {str(m): _curve_dict(c) for m, c in curves.items()},
+        "horizons": {str(m): c.to_dict() for m, c in curves.items()},
+        "n50": {str(m): v for m, v in n50s.items()}, "fit": fit, "fit_error": fit_error,
+        "files": files, "wall_s": None,
+    }
+    _write_summary(out, summary)
+    return summary

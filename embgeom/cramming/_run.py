@@ -301,6 +301,20 @@ def run_cram(
     return summary
 
 
+def _converged_text(conv) -> str:
+    """The budget sweep's verdict on n50, in words (``conv`` as :func:`budget_converged`, a
+    bounded verdict with ``change_at_least``, or None)."""
+    if conv and conv.get("converged"):
+        return f"n50 has converged in the budget (change {conv['change']:.1%})."
+    if conv and conv.get("converged") is False:
+        ch = conv.get("change", conv.get("change_at_least"))
+        by = "" if ch is None else (f" (budget sweep: change {'>= ' if 'change' not in conv else ''}"
+                                    f"{ch:.1%} at the next budget)")
+        return (f"n50 has not converged in the budget{by}: it is a lower bound on the model's "
+                "capacity.")
+    return "n50 is not known to have converged in the budget: it is a lower bound on the model's capacity."
+
+
 def _summary_markdown(summary: dict) -> str:
     """The readable form of a :func:`run_cram` summary: one table per m, n50s, the fit."""
     from embgeom.report._markdown import fmt, md_table
@@ -312,18 +326,18 @@ def _summary_markdown(summary: dict) -> str:
         lines = [
             f"# Cramming horizons: {summary['model']}",
             "",
-            f"dtype {summary['dtype']} on {summary['device']}; start token "
+            f"dtype {summary['dtype']}"
+            + (f" on {summary['device']}" if summary.get("device") else "") + "; start token "
             f"{st.get('start_token')}; protocol {p['name']} ({p['source']}); at most "
             f"{st['steps_per_length']} updates per length"
             + (f", {st['max_steps']} per target" if st.get("max_steps") else "")
             + f"; {_targets_text(st['n_targets'])} targets ({st['target_source']}), "
             f"seed {st['seed']}; "
-            f"wall {summary['wall_s']:.0f} s.",
+            + (f"wall {summary['wall_s']:.0f} s." if summary.get("wall_s") is not None else
+               "interim: the finished targets of whole batches, read from the records while "
+               "the run goes on."),
             "Accessibility(n) = P(h >= n) over the targets' horizons h; n50 = median horizon. "
-            + ("n50 has converged in the budget (change " f"{conv['change']:.1%})."
-               if conv and conv.get("converged") else
-               "n50 is not known to have converged in the budget: it is a lower bound on the "
-               "model's capacity."),
+            + _converged_text(conv),
         ]
     else:
         lines = [

@@ -120,7 +120,15 @@ def _measurement(meas: dict, bounds: dict) -> dict:
         parts.append(f"at most {budget} steps per length"
                      + (f", {meas['max_steps']} per target" if meas.get("max_steps") else ""))
     if meas.get("target_source"):
-        parts.append(f"targets {meas['target_source']}")
+        nt = meas.get("n_targets")
+        if nt is not None:
+            count = (", ".join(f"{v} (m = {k})" for k, v in nt.items()) if isinstance(nt, dict)
+                     else str(nt))
+            parts.append(f"{count} targets of {meas['target_source']}")
+        else:
+            parts.append(f"targets {meas['target_source']}")
+    if meas.get("interim"):
+        parts.append("interim (the run goes on)")
     conv = meas.get("converged")
     parts.append("n50 converged in the budget" if conv else
                  "n50 not converged" if conv is False else "no budget sweep")
@@ -129,7 +137,7 @@ def _measurement(meas: dict, bounds: dict) -> dict:
         parts.append(str(src))
     return {"kind": kind, "protocol": proto, "steps_per_length": budget,
             "target_source": meas.get("target_source"), "converged": conv,
-            "how": "; ".join(parts)}
+            "interim": bool(meas.get("interim")), "how": "; ".join(parts)}
 
 
 def answer_lines(ans: dict, bounds: dict) -> list[str]:

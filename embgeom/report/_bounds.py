@@ -233,7 +233,8 @@ def bounds_report_section(unembedding_facts: dict, supports: dict, rinf, fractio
         "c_emp_source": c.get("source"),
         "c_emp_converged": c.get("converged"),
         "c_emp_measurement": {k: c.get(k) for k in (
-            "kind", "protocol", "steps_per_length", "max_steps", "target_source", "converged")},
+            "kind", "protocol", "steps_per_length", "max_steps", "target_source", "converged",
+            "interim", "n_targets")},
         "ratio": ratio,
         "ratio_refined": ratio_ref,
         "n_star": {"m": list(m_values), **nstar},

@@ -30,8 +30,10 @@ def read_cram_summary(path, model_name: str | None = None) -> dict:
         C_emp was measured: ``kind`` (``"horizons"`` or ``"per-length"``), ``protocol`` (the
         preset's name, or None for the per-length default), ``steps_per_length`` (the step
         budget per length), ``max_steps``, ``target_source``, ``converged`` (True/False from a
-        budget sweep, None when none was run) and ``curves`` ``{m: {"lengths",
-        "accessibility", "lower", "upper"}}`` (the measured accessibility).
+        budget sweep, None when none was run), ``interim`` (True for a summary of a run still
+        going, :func:`embgeom.cramming.summarise_horizons`), ``n_targets`` (an int, or ``{m:
+        count}``) and ``curves`` ``{m: {"lengths", "accessibility", "lower", "upper"}}`` (the
+        measured accessibility).
 
     Raises
     ------
@@ -69,11 +71,27 @@ def read_cram_summary(path, model_name: str | None = None) -> dict:
             "steps_per_length": st.get("steps_per_length", st.get("steps")),
             "max_steps": st.get("max_steps"), "target_source": st.get("target_source"),
             "converged": conv.get("converged") if isinstance(conv, dict) else None,
+            "interim": bool(st.get("interim", False)),
+            "n_targets": st.get("n_targets"),
             "curves": curves}
 
 
+def _preference(s: dict, mtime: float) -> tuple:
+    """Sort key of :func:`find_cram_summary`: horizons before per-length runs, random tokens
+    (the theorem's own count) before other targets, more values of m, more targets, newer."""
+    nt = s.get("n_targets")
+    total = sum(int(v) for v in nt.values()) if isinstance(nt, dict) else int(nt or 0) * len(s["n50"])
+    return (s.get("kind") == "horizons", s.get("target_source") in ("random-tokens", None),
+            len(s["n50"]), total, mtime)
+
+
 def find_cram_summary(model_name: str, search_dirs=CRAM_SEARCH_DIRS, root=".") -> dict | None:
-    """The newest cram summary of ``model_name`` with a fitted C_emp under ``search_dirs``.
+    """The best cram summary of ``model_name`` with a fitted C_emp under ``search_dirs``.
+
+    Best, in this order (:func:`_preference`): a horizons run (the per-target horizons of
+    issue 23) over a per-length run; random-token targets (the bound's own count) over words
+    or text; more values of m; more targets; the newer file. The file's time decides only ties:
+    a fresh clone gives every file the same time.
 
     Parameters
     ----------
@@ -98,5 +116,5 @@ def find_cram_summary(model_name: str, search_dirs=CRAM_SEARCH_DIRS, root=".") -
             except (ValueError, OSError):
                 continue
             if s["c_emp"] is not None:
-                found.append((p.stat().st_mtime, s))
+                found.append((_preference(s, p.stat().st_mtime), s))
     return max(found, key=lambda t: t[0])[1] if found else None

@@ -214,7 +214,9 @@ class CellVolumes:
             q = stats.t.ppf(0.5 + self.confidence / 2, df)
         else:
             q = np.full(x.size, stats.norm.ppf(0.5 + self.confidence / 2))
-        se = (x - lo) / q
+        # only rare-event tokens are shifted; an empty cell's -inf - -inf is no standard error
+        se = np.full(x.size, np.nan)
+        se[rare] = (x[rare] - lo[rare]) / np.broadcast_to(q, x.shape)[rare]
         # each token's own standard error where the run recorded it: n_runs counts the pilot
         # (which is not in the estimate), so the read-back above would take too many degrees
         # of freedom (a t quantile too small, a shift too large); kept for files without it

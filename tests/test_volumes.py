@@ -396,3 +396,22 @@ def test_an_unreachable_target_se_is_reported():
         cv = cell_volumes(dec, ball, 1000, 0, target_se=5.0, **kw)
     assert not [w for w in rec if str(w.message).startswith("target_se:")]
     assert cv.extra["rare_event"]["n_tokens_above_target_se"] == 0
+
+
+def test_rare_event_rate_with_an_empty_cell_warns_nothing_and_keeps_it_empty():
+    """An empty cell (a duplicate row: the lower id takes every tie) among rare-event tokens:
+    the bias shift reads standard errors of the rare-event tokens only, so the empty cell's
+    -inf - -inf makes no RuntimeWarning, its log-share stays -inf and the shifted tokens move
+    up by se^2 / 2 (the CI end-to-end run showed the warning)."""
+    import warnings
+
+    W = np.vstack([np.zeros(4), -np.eye(4), -np.eye(4)[:1]]).astype(np.float32)  # 5 = 1
+    cv = _rare(Decoder(W), 3, tokens=np.arange(6))
+    assert cv.token_method[5] == "rare-event" or np.isneginf(cv.log_fractions[5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        x, lo, hi = cv._debiased_log_shares(np.arange(6))
+        cv.cell_volume_rate(4, n_boot=0)
+    assert np.isneginf(x[5]) and np.isneginf(cv.log_fractions[5])
+    rare = np.isfinite(cv.log_fractions) & (cv.token_method == "rare-event")
+    assert rare.any() and np.all(x[rare] >= cv.log_fractions[rare])

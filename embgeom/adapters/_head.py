@@ -118,12 +118,15 @@ def _norm_eps(mod) -> float:
     raise ValueError(f"final norm {type(mod).__name__}: cannot find its epsilon")
 
 
-def _describe_norm(mod: torch.nn.Module | None) -> FinalNorm:
+def _describe_norm(mod: torch.nn.Module | None, width: int | None = None) -> FinalNorm:
     """Read a final norm module and check the reading by evaluating the module.
 
     The kind comes from the class (``LayerNorm`` or ``RMSNorm`` in its name, or an
     ``nn.LayerNorm``); the effective gain is the stored weight or ``1 + weight``, whichever
     reproduces the module's output on a random probe (float64 arithmetic, float32 tolerance).
+    The probe's width is the weight's, else the module's ``normalized_shape``, else ``width``
+    (the hidden size); a norm whose width none of these gives is refused by name (a probe of
+    width 0 used to average an empty slice).
     """
     if mod is None:
         return FinalNorm(kind=None, weight=None, bias=None, eps=0.0)
@@ -138,7 +141,14 @@ def _describe_norm(mod: torch.nn.Module | None) -> FinalNorm:
     w = getattr(mod, "weight", None)
     b = getattr(mod, "bias", None)
     p = next(mod.parameters(), None)
-    d = int(w.shape[-1]) if w is not None else int(getattr(mod, "normalized_shape", (0,))[-1])
+    shape = getattr(mod, "normalized_shape", None)
+    d = (int(w.shape[-1]) if w is not None
+         else int(shape[-1]) if isinstance(shape, (tuple, list)) and shape
+         else int(shape) if isinstance(shape, numbers.Integral)
+         else int(width or 0))
+    if d <= 0:
+        raise ValueError(f"final norm {cls}: cannot find its width (no weight, no "
+                         "normalized_shape, no hidden size)")
     raw_w = (w.detach().double().cpu().numpy() if w is not None else np.zeros(d))
     bias = b.detach().double().cpu().numpy() if isinstance(b, torch.Tensor) else None
 
@@ -214,11 +224,26 @@ def _logit_scale(hf) -> float:
 
 
 
+def _hidden_width(hf) -> int | None:
+    """The width of the final hidden state: the unembedding's input size, else the config's
+    ``hidden_size`` / ``n_embd`` / ``d_model`` (None when neither is there)."""
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+    w = getattr(head, "weight", None)
+    if isinstance(w, torch.Tensor) and w.ndim == 2:
+        return int(w.shape[-1])
+    cfg = getattr(hf, "config", None)
+    for attr in ("hidden_size", "n_embd", "d_model"):
+        v = getattr(cfg, attr, None)
+        if isinstance(v, numbers.Integral) and v > 0:
+            return int(v)
+    return None
+
+
 def _final_norm_of(hf) -> FinalNorm:
     """:func:`_describe_norm` of the final norm, a ValueError naming the architecture if the
     norm's convention is unknown."""
     try:
-        return _describe_norm(_find_final_norm(hf))
+        return _describe_norm(_find_final_norm(hf), _hidden_width(hf))
     except ValueError as exc:
         raise ValueError(f"model: {_architecture(hf)} is not supported: {exc}") from None
 

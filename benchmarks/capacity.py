@@ -247,9 +247,10 @@ def status(a) -> dict:
     dirs = [_sweep_dir(b) for b in SWEEP_BUDGETS] + [OUT / j for j in JOBS]
     for d in dirs:
         f = d / "horizons.jsonl"
-        if not f.exists():
+        if not f.exists() and not (d / "horizons.jsonl.ckpt").is_dir():
             continue
-        recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        recs = ([json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+                if f.exists() else [])
         by_m = {}
         for r in recs:
             by_m.setdefault(int(r["n_mem"]), []).append(r)
@@ -261,8 +262,9 @@ def status(a) -> dict:
                 rs, key=lambda r: r["target_index"])], "horizons": hc.horizons.tolist(),
                 "n50": n["n50"], "lower": n.get("lower"), "upper": n.get("upper"),
                 "budget": sorted({r["settings"]["steps_per_length"] for r in rs})}
-            print(f"{d.relative_to(OUT)}  m={m}  {len(rs)} targets  horizons "
-                  f"{hc.horizons.tolist()}  n50 {n['n50']} [{n.get('lower')}, {n.get('upper')}]")
+            print(f"{d.relative_to(OUT)}  m={m}  {len(rs)} targets  horizons (tokens) "
+                  f"{hc.horizons.tolist()}  n50 {n['n50']} tokens, 95% bootstrap "
+                  f"[{n.get('lower')}, {n.get('upper')}]")
         ck = d / "horizons.jsonl.ckpt"
         so_far = []
         for p in sorted(ck.glob("batch_*.pt")) if ck.is_dir() else []:
@@ -271,7 +273,10 @@ def status(a) -> dict:
             st = torch.load(p, weights_only=False)["state"]
             h = [int(x) for x in np.asarray(st["h"]).ravel()]
             so_far += h
-            print(f"{d.relative_to(OUT)}  checkpoint {p.name}: horizons so far {h}, updates "
+            Q = st.get("Q")
+            ms = [int(Q.shape[1])] if getattr(Q, "ndim", 0) == 3 else []  # (rows, m, d)
+            m_txt = f" (m = {', '.join(map(str, ms))})" if ms else ""
+            print(f"{d.relative_to(OUT)}  checkpoint {p.name}{m_txt}: horizons so far {h}, updates "
                   f"{np.asarray(st['t_total']).ravel().tolist()}, done "
                   f"{np.asarray(st['done']).ravel().tolist()}")
         bound = None
@@ -285,8 +290,10 @@ def status(a) -> dict:
         finite = {m: v["n50"] for m, v in row.items() if np.isfinite(v["n50"])}
         if len(finite) >= 2:
             fit = fit_slope(finite)
-            print(f"{d.relative_to(OUT)}  interim C_emp {fit['c_emp']:.2f} "
-                  f"[{fit['c_emp_lower']:.2f}, {fit['c_emp_upper']:.2f}], R^2 {fit['r2']:.3f}")
+            counts = ", ".join(f"{len(row[m]['horizons'])} at m = {m}" for m in finite)
+            print(f"{d.relative_to(OUT)}  interim C_emp {fit['c_emp']:.2f} tokens per vector, "
+                  f"95% [{fit['c_emp_lower']:.2f}, {fit['c_emp_upper']:.2f}], R^2 {fit['r2']:.3f} "
+                  f"(slope through the origin over {len(finite)} values of m; targets: {counts})")
             row["fit"] = fit
         if bound is not None:
             row["n50_at_least"] = bound
@@ -349,8 +356,8 @@ def _sweep_bound(out: dict) -> None:
     if not r2 or lo is None or len(r2["horizons"]) < 8:
         return
     change = (lo - r2["n50"]) / r2["n50"]
-    verdict = ("not converged at %d (final: a horizon so far only rises)" % b2 if change >= 0.1
-               else "undecided")
+    verdict = ("not converged at %d (final: the horizons so far can only rise, so the change "
+               "can only grow)" % b2 if change >= 0.1 else "undecided")
     print(f"sweep  n50 {r2['n50']} at {b2:,} -> >= {lo} at {b3:,}: change >= {change:.1%}, "
           f"{verdict}")
 

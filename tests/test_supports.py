@@ -370,7 +370,7 @@ def test_bad_input_errors():
         fit_support(H[:1], "box")
     with pytest.raises(TypeError, match="float16"):
         fit_support(H.astype(np.float16), "ball")
-    with pytest.raises(TypeError, match="X: .*dtype bool"):
+    with pytest.raises(TypeError, match="H: .*dtype bool"):
         fit_support(H > 0, "ball")
     with pytest.raises(ValueError, match="shape"):
         fit_support(H, "sphere")
@@ -392,7 +392,7 @@ def test_bad_input_errors():
     cone_ref = fit_support(np.delete(Z, 7, axis=0), "cone")
     assert cone_z.half_angle_ == cone_ref.half_angle_ and cone_z.radius_ == cone_ref.radius_
     assert cone_z.contains(Z).all() and cone_z.n_fit_ == 50 and cone_z.n_dropped_ == 0
-    with pytest.raises(ValueError, match="X: degenerate data for the cone: all 50 points are at the origin"):
+    with pytest.raises(ValueError, match="H: degenerate data for the cone: all 50 points are at the origin"):
         fit_support(np.zeros((50, 4)), "cone")
     S = fit_support(H, "ball")
     with pytest.raises(ValueError, match="dimension"):

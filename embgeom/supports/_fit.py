@@ -28,6 +28,18 @@ SHAPES: dict[str, type[Support]] = {
 }
 
 
+def _fit_named(est, H):
+    """``est.fit(H)``, its errors naming ``H`` (this function's argument), not the
+    estimator's ``X``."""
+    try:
+        return est.fit(H)
+    except (ValueError, TypeError) as exc:
+        msg = str(exc)
+        if msg.startswith("X: "):
+            raise type(exc)("H: " + msg[3:]) from None
+        raise
+
+
 def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibrate=None,
                 calibration_fraction=0.5, seed=0, **kw) -> Support:
     """Fit the smallest support of a given shape that holds the hidden states.
@@ -96,7 +108,7 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
     check_choice(solver, "solver", _SOLVERS)
     est = SHAPES[shape]._from_fit_options(center=center, quantile=quantile, solver=solver, **kw)
     if calibrate is None:
-        return est.fit(H)
+        return _fit_named(est, H)
     calibrate = _check_alpha(calibrate, "calibrate")
     names = feature_names_of(H)
     H = check_hidden(H, "H")
@@ -106,7 +118,7 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
     except ValueError as exc:
         raise ValueError(f"calibrate={calibrate}, calibration_fraction={calibration_fraction} "
                          f"({cal_idx.size} of {H.shape[0]} rows): {exc}") from None
-    est.fit(H[fit_idx])
+    _fit_named(est, H[fit_idx])
     out = calibrate_support(est, H[cal_idx], calibrate)
     out.calibration_["calibration_fraction"] = float(calibration_fraction)
     out.calibration_["n_fit"] = int(fit_idx.size)

@@ -429,8 +429,8 @@ def _bf16_linears(hf):
 
     Against ``torch.autocast`` (which also casts each weight on every call and runs attention
     in bf16, whose CPU backward is slow) this is the same rounding of every matrix product's
-    inputs, without the casts: on SmolLM2 (1 thread, 4 targets x 32 tokens, an AMX CPU) a step
-    took 0.33 s against 0.63 under autocast and 0.79 in float32
+    inputs, without the weight casts: on SmolLM2 (1 thread, 4 targets x 32 tokens, an AMX CPU)
+    a step took 0.44-0.48 s against 0.63 under autocast and 0.72-0.79 in float32
     (``benchmarks/bench_cram_step.py``).
     """
     cache = _BF16_LINEARS.setdefault(hf, {})
@@ -736,8 +736,10 @@ def cram(
         changed 1 of 8 verdicts of a 300-step check set (``benchmarks/bench_cram_step.py``),
         so it is not the default. ``"bf16-linear"``: every ``nn.Linear`` (projections and
         unembedding) multiplies in bfloat16 from a cached bf16 copy of its weight, attention
-        and the rest float32; stops confirmed in float32 the same way. On an AMX CPU its step
-        is 2.4x float32's and 1.9x autocast's (``_bf16_linears``).
+        and the rest float32; stops confirmed in float32 the same way. On an AMX CPU a
+        SmolLM2 step is 1.6x float32's at one thread (autocast 1.2x, ``_bf16_linears``); on a
+        tiny model (hidden size 48) the activations' casts cost more than the products save
+        and it ran at half float32's speed.
     check_generation : bool, default True
         Also check success the user's way: greedy generation of n tokens from the memory
         vectors alone (no target tokens).

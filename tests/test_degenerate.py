@@ -2,7 +2,8 @@
 
 Every shape and every solver answers degenerate input (coincident points, collinear points,
 points on a proper affine subspace, a single direction, two points, one point) the same way:
-one error family, ``"X: degenerate data for the <shape>: <what>; <remedy>"``, raised by
+one error family, ``"X: degenerate data for the <shape>: <what>; <remedy>"`` (``H:`` from
+:func:`embgeom.fit_support`, whose argument is ``H``), raised by
 :func:`embgeom.supports._base.refuse_degenerate`, or a correct value where one exists (a ball
 around collinear points, an axis-aligned box around a generic line, a cone around two
 directions). Each (shape, solver, kind) below has its expected message or value.
@@ -98,7 +99,8 @@ _c2, _r2 = _meb_2d(AB)
 _SUB_CENTER = P + _c2[0] * B1 + _c2[1] * B2
 _X2 = KINDS["two_points"]
 _LINE_ENDS = (P + T[0] * V, P + T[-1] * V)
-_DEG = "X: degenerate data for the "
+_DEG = "H: degenerate data for the "  # fit_support names its argument H
+_DEG_X = "X: degenerate data for the "  # an estimator's fit(X) names X
 
 # (kind, solver key) -> ("error", regex) or ("value", check)
 EXPECT = {}
@@ -165,7 +167,7 @@ def test_single_point_and_scaled_degenerate_data(key):
     """One point: the scikit-learn wording; degenerate data at 1e-160 and 1e160 stay degenerate
     (the rank test is relative to the data's own scale)."""
     shape, kw = SOLVERS[key]
-    with pytest.raises(ValueError, match="X: a support fit needs at least 2 points, got 1 sample$"):
+    with pytest.raises(ValueError, match="H: a support fit needs at least 2 points, got 1 sample$"):
         fit_support(P[None], shape, **kw)
     for s in (1e-160, 1e160):
         what, expected = EXPECT[("coincident", key)]
@@ -190,9 +192,9 @@ def test_remedies_give_the_documented_sets():
     np.testing.assert_allclose(cube.upper_, P + 0.125)
     with pytest.raises(ValueError, match="min_width: 1e-20 is below the rounding of the coordinates"):
         Box(min_width=1e-20).fit(X + 1e6)
-    with pytest.raises(ValueError, match=f"{_DEG}ball: all 5 points are at the origin"):
+    with pytest.raises(ValueError, match=f"{_DEG_X}ball: all 5 points are at the origin"):
         Ball(centering="origin").fit(np.zeros((5, 3)))
-    with pytest.raises(ValueError, match=f"{_DEG}cone: all 5 points are at the origin"):
+    with pytest.raises(ValueError, match=f"{_DEG_X}cone: all 5 points are at the origin"):
         Cone().fit(np.zeros((5, 3)))
     # zero vectors among others: the apex, inside every cone
     Z = np.vstack([KINDS["two_points"], np.zeros((3, 3))])
@@ -232,7 +234,7 @@ ODD = {
 def test_odd_inputs_are_refused_by_name(name, key):
     shape, kw = SOLVERS[key]
     X, exc, msg = ODD[name]
-    with pytest.raises(exc, match=f"X.*{msg}|{msg}.*X" if name != "none" else "X: .*None"):
+    with pytest.raises(exc, match=f"H.*{msg}|{msg}.*H" if name != "none" else "H: .*None"):
         fit_support(X, shape, **kw)
 
 
@@ -256,13 +258,13 @@ def test_extreme_values_give_right_answers_or_a_named_error():
     # a radius beyond float64: refused by name, never inf
     big = H / np.abs(H).max() * 1.7e308
     for shape in ("ball", "ellipsoid", "box", "cone"):
-        with pytest.raises(ValueError, match="X: the .*(would not fit in float64|exceed the float64 range)"):
+        with pytest.raises(ValueError, match="H: the .*(would not fit in float64|exceed the float64 range)"):
             fit_support(big, shape)
     # many dimensions, few points: the ball and the box are fine, the ellipsoid asks for ridge
     few = rng.standard_normal((5, 4096))
     ball = Ball().fit(few)
     assert ball.contains(few).all() and np.isfinite(ball.log_volume)
-    with pytest.raises(ValueError, match=f"{_DEG}ellipsoid: the 5 points span an affine subspace of dimension 4 < d=4096 \\(N <= d\\)"):
+    with pytest.raises(ValueError, match=f"{_DEG_X}ellipsoid: the 5 points span an affine subspace of dimension 4 < d=4096 \\(N <= d\\)"):
         Ellipsoid().fit(few)
     ell = Ellipsoid(ridge=1e-3).fit(few)
     assert ell.affine_rank_ == 4 and ell.contains(few).all()

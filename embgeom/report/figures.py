@@ -172,21 +172,20 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     unres = ~np.isfinite(ls) if unresolved is None else np.asarray(unresolved, bool)
     order = np.argsort(-np.where(unres, -np.inf, ls), kind="stable")
     res_order = order[~unres[order]]
-    ln10 = math.log(10.0)
     fig = _figure(7.5, 4.4)
     ax = fig.subplots()
     ranks = np.arange(1, res_order.size + 1) * scale
     if res_order.size:
         if log_lower is not None and log_upper is not None:
-            lo = np.asarray(log_lower, np.float64)[res_order] / ln10
-            hi = np.asarray(log_upper, np.float64)[res_order] / ln10
+            lo = np.asarray(log_lower, np.float64)[res_order]
+            hi = np.asarray(log_upper, np.float64)[res_order]
             lo = np.where(np.isfinite(lo), lo, np.nan)
             ax.fill_between(ranks, lo, hi, color="C0", alpha=0.25, lw=0,
                             label="95% interval per cell")
         what = (f"{res_order.size:,} resolved cells" if k == V else
                 f"{res_order.size:,} resolved cells of a {k:,}-token sample")
-        ax.plot(ranks, ls[res_order] / ln10, color="C0", lw=1.4, label=what)
-    ax.axhline(-math.log10(V), color="k", ls="--", lw=1.0, label=f"1/|V| = {1 / V:.2e} (uniform)")
+        ax.plot(ranks, ls[res_order], color="C0", lw=1.4, label=what)
+    ax.axhline(-math.log(V), color="k", ls="--", lw=1.0, label=f"1/|V| = {1 / V:.2e} (uniform)")
     n_unres = int(unres.sum())
     if n_unres:
         label = (f"{n_unres:,} unresolved cells ({100 * n_unres / V:.1f}% of |V|)" if k == V else
@@ -195,14 +194,14 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
             ub = np.asarray(log_upper, np.float64)[unres]
             ub = ub[np.isfinite(ub)]
             if ub.size:
-                ax.axhline(float(ub.max()) / ln10, color="0.5", ls=":", lw=1.0)
+                ax.axhline(float(ub.max()), color="0.5", ls=":", lw=1.0)
                 label += f": each below {math.exp(float(ub.max())):.1e}"
         ax.axvspan(max(res_order.size * scale, 1), V, color="0.85", alpha=0.6, lw=0, label=label)
     ax.set_xscale("log")
     ax.set_xlim(1, V)
     ax.set_xlabel("rank of the cell (largest first)" if k == V else
                   f"estimated rank in the vocabulary (rank in the sample x |V|/{k:,})")
-    ax.set_ylabel("log10 share of the support")
+    ax.set_ylabel("log share of the support (nats)")
     ax.set_title(_cell_shares_title(estimator, n_samples, n_unres, k, V), fontsize=10)
     ax.legend(fontsize=7.5, loc="lower left")
     ax.grid(alpha=0.3, which="both")

@@ -171,12 +171,7 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int | dict = 16, max_l
         n50s[m] = hc.n50()
     dev, mdtype = model_device_dtype(hf)
     finite, fit, fit_error = _fit(n50s, c_theory)
-    files = {"jsonl": str(jsonl)}
-    if plot:
-        files["accessibility_png"] = plot_accessibility(
-            {m: c.as_accessibility_curve() for m, c in curves.items()}, out / "accessibility.png")
-        if finite:
-            files["n50_png"] = plot_n50(finite, fit, out / "n50_vs_m.png")
+    files = _files(out, jsonl, curves, finite, fit, plot)
     settings = {
         "kind": "horizons", "mems": ms,
         "n_targets": (counts[ms[0]] if len(set(counts.values())) == 1
@@ -200,6 +195,18 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int | dict = 16, max_l
     }
     _write_summary(out, summary)
     return summary
+
+
+def _files(out, jsonl, curves: dict, finite: dict, fit, plot: bool) -> dict:
+    """The summary's ``files``: the JSONL and, with ``plot``, ``accessibility.png`` (P(h >= n)
+    per m) and ``n50_vs_m.png`` (when an n50 is finite)."""
+    files = {"jsonl": str(jsonl)}
+    if plot:
+        files["accessibility_png"] = plot_accessibility(
+            {m: c.as_accessibility_curve() for m, c in curves.items()}, out / "accessibility.png")
+        if finite:
+            files["n50_png"] = plot_n50(finite, fit, out / "n50_vs_m.png")
+    return files
 
 
 def _curve_dict(hc) -> dict:
@@ -292,12 +299,7 @@ def summarise_horizons(out_dir, *, converged: dict | None = None, c_theory: floa
     if not curves:
         raise ValueError(f"out_dir: {str(jsonl)!r} has no m with a whole batch of finished targets")
     finite, fit, fit_error = _fit(n50s, c_theory)
-    files = {"jsonl": str(jsonl)}
-    if plot:
-        files["accessibility_png"] = plot_accessibility(
-            {m: c.as_accessibility_curve() for m, c in curves.items()}, out / "accessibility.png")
-        if finite:
-            files["n50_png"] = plot_n50(finite, fit, out / "n50_vs_m.png")
+    files = _files(out, jsonl, curves, finite, fit, plot)
     proto = dict(st["protocol"])
     settings = {
         "kind": "horizons", "interim": True, "mems": sorted(curves),

@@ -710,13 +710,24 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+class _LogFormatter(logging.Formatter):
+    """``embgeom: <level>: <message>``, the level in lower case, the one format of every line
+    the command writes to stderr (the warnings of :func:`_show_warning` too)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"embgeom: {record.levelname.lower()}: {_one_line(record.getMessage())}"
+        if record.exc_info:  # logger.exception(...): the traceback below the line, as logging does
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
 def _setup_logging(args) -> None:
     level = logging.ERROR if args.quiet else (
         logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("embgeom: %(levelname)s: %(message)s"))
+        handler.setFormatter(_LogFormatter())
         root.addHandler(handler)
     root.setLevel(level)
     if level == logging.WARNING:

@@ -531,7 +531,7 @@ def _one_error_line(err, command):
     errors = [x for x in lines if x.startswith(f"embgeom {command}: ")]
     assert len(errors) == 1 and "Traceback" not in err and "internal error" not in err, err
     # the rest, if any, are the report's phase lines (a sign of life when stderr is no terminal)
-    assert all(x.startswith("embgeom: INFO:") for x in lines if x not in errors), err
+    assert all(x.startswith("embgeom: info:") for x in lines if x not in errors), err
     return errors[0]
 
 

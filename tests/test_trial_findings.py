@@ -476,6 +476,20 @@ def test_cli_warnings_are_one_line(capsys, tmp_path, monkeypatch):
     assert code == 0 and "warning" not in err  # -q hides warnings
 
 
+def test_cli_log_lines_and_warnings_share_one_format():
+    """A logged warning and a warnings.warn read alike: ``embgeom: warning: <one line>`` (the
+    logger's lines used to say ``embgeom: WARNING:``)."""
+    import logging
+
+    from embgeom.cli import _LogFormatter
+
+    record = logging.LogRecord("embgeom.report", logging.WARNING, __file__, 1,
+                               "the cache entry %s is corrupt\n  rebuilt", ("x.npz",), None)
+    assert _LogFormatter().format(record) == "embgeom: warning: the cache entry x.npz is corrupt rebuilt"
+    record = logging.LogRecord("embgeom.report", logging.INFO, __file__, 1, "phase", (), None)
+    assert _LogFormatter().format(record) == "embgeom: info: phase"
+
+
 def test_importing_the_cli_leaves_warnings_alone():
     import importlib
 

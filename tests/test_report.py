@@ -331,6 +331,13 @@ def test_report_end_to_end_on_a_tiny_model(tiny_loaded, tmp_path):
     disk = _strict(out / "report.json")
     assert list(disk)[:6] == ["embgeom_version", "created", "platform", "settings", "answer", "model"]
     ans, b, sup = disk["answer"], disk["bounds"], disk["supports"]
+    # provenance of the three samples (conftest's $EMBGEOM_CACHE may already hold them)
+    src = disk["hidden_states"]["sources"]
+    assert [(k, v["seed"], v["lengths"]) for k, v in src.items()] == [
+        ("fit", 0, [2, 4]), ("heldout", 1, [3, 5]), ("calibration", 2, [2, 4])]
+    assert all(v["cache"] in ("hit", "written") and Path(v["path"]).is_file()
+               for v in src.values()), src
+    assert "Provenance: fit (seed 0): " in (out / "report.md").read_text()
     # the held-out rule, recomputed from the counts
     for name, e in sup.items():
         if isinstance(e, dict) and e.get("heldout"):

@@ -73,15 +73,52 @@ def test_second_report_skips_the_hidden_states(tiny, tmp_path, monkeypatch):
         np.testing.assert_array_equal(second[name], first[name])
 
 
+def test_report_records_where_its_hidden_states_came_from(tiny, tmp_path, monkeypatch):
+    """hidden_states.sources says, per sample, cache hit / written / rebuilt / off, with the
+    file; a user reading report.json can tell a cached run from a fresh one."""
+    import warnings
+
+    from embgeom.report._hidden import _sources_line
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EMBGEOM_CACHE", str(cache))
+    first = _samples_of_a_report(tiny, tmp_path / "r1", monkeypatch)["sources"]
+    assert set(first) == {"fit", "heldout"}
+    assert [first[k]["cache"] for k in ("fit", "heldout")] == ["written", "written"]
+    assert (first["fit"]["seed"], first["heldout"]["seed"]) == (0, 1)
+    assert first["fit"]["lengths"] == [2, 4] and first["heldout"]["lengths"] == [3]
+    assert Path(first["fit"]["path"]).is_file() and first["fit"]["path"] != first["heldout"]["path"]
+    second = _samples_of_a_report(tiny, tmp_path / "r2", monkeypatch)["sources"]
+    assert [second[k]["cache"] for k in ("fit", "heldout")] == ["hit", "hit"]
+    Path(first["fit"]["path"]).write_bytes(b"garbage")  # a corrupt entry
+    with pytest.warns(RuntimeWarning, match="not trusted"):
+        third = _samples_of_a_report(tiny, tmp_path / "r3", monkeypatch)["sources"]
+    assert third["fit"]["cache"] == "rebuilt" and "unreadable" in third["fit"]["why"]
+    assert third["heldout"]["cache"] == "hit"
+    line = _sources_line(third)
+    assert "fit (seed 0): recomputed" in line and "heldout (seed 1): from the cache" in line
+    from embgeom.report import _build, build_report
+
+    def stop(samples, *a, **k):
+        raise _Stop(samples)
+
+    monkeypatch.setattr(_build, "_hidden_phase", stop)
+    with warnings.catch_warnings(), pytest.raises(_Stop) as info:
+        warnings.simplefilter("error")
+        build_report(tiny, tmp_path / "r4", cache_dir=None, **SIZES)
+    off = info.value.args[0]["sources"]
+    assert off["fit"] == {"lengths": [2, 4], "n_per_length": 20, "seed": 0, "cache": "off",
+                          "path": None, "why": ""}
+
+
 @pytest.mark.parametrize("cache_dir", [None, "auto"])
 def test_build_report_hands_its_cache_dir_to_the_sampler(tiny, tmp_path, monkeypatch, cache_dir):
-    import embgeom.adapters
     from embgeom.report import build_report
 
-    def spy(*a, **kw):
-        raise _Stop(kw["cache_dir"])
+    def spy(model, lengths, n_per_length, batch_size, seed, cache_dir, progress):
+        raise _Stop(cache_dir)
 
-    monkeypatch.setattr(embgeom.adapters, "sample_hidden_states", spy)
+    monkeypatch.setattr(_sample, "_sample_with_provenance", spy)
     kw = {} if cache_dir == "auto" else {"cache_dir": cache_dir}  # "auto" is the default
     with pytest.raises(_Stop) as info:
         build_report(tiny, tmp_path / "r", **kw, **SIZES)

@@ -249,10 +249,10 @@ def _read_cache(path: Path) -> tuple[np.ndarray, str]:
             return f["H"], str(f["key"][()])
 
 
-def _load_cache(path: Path, key: dict, shape: tuple[int, int]) -> np.ndarray | None:
-    """The cached array at ``path``, or ``None`` (with a warning naming the file) when it is
-    unreadable or truncated, was written for another key (a renamed or copied file, a hash
-    collision), or has the wrong shape or dtype or values that are not finite."""
+def _load_cache(path: Path, key: dict, shape: tuple[int, int]) -> tuple[np.ndarray | None, str]:
+    """``(the cached array at path, "")``, or ``(None, why)`` (with a warning naming the file)
+    when it is unreadable or truncated, was written for another key (a renamed or copied file, a
+    hash collision), or has the wrong shape or dtype or values that are not finite."""
     try:
         H, stored = _read_cache(path)
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
@@ -265,10 +265,10 @@ def _load_cache(path: Path, key: dict, shape: tuple[int, int]) -> np.ndarray | N
         elif not np.isfinite(H).all():
             why = "non-finite values"
         else:
-            return H
+            return H, ""
     warnings.warn(f"cache file {path} is not trusted ({why}); recomputing it", RuntimeWarning,
-                  stacklevel=3)
-    return None
+                  stacklevel=4)
+    return None, why
 
 
 def _save_cache(path: Path, key: dict, H: np.ndarray) -> bool:
@@ -285,7 +285,7 @@ def _save_cache(path: Path, key: dict, H: np.ndarray) -> bool:
         return True
     except OSError as exc:
         warnings.warn(f"cannot write cache file {path} ({exc}); the result is not cached",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
         return False
     finally:
         if tmp is not None:
@@ -376,6 +376,18 @@ def sample_hidden_states(
     (CRC-32 per tensor; about 0.3 s for SmolLM2-135M), so that two models with the same name
     and config but different weights never share an entry.
     """
+    H, row_lengths, _ = _sample_with_provenance(model, lengths, n_per_length, batch_size, seed,
+                                                cache_dir, progress)
+    return H, row_lengths
+
+
+def _sample_with_provenance(model, lengths, n_per_length, batch_size, seed, cache_dir,
+                            progress) -> tuple[np.ndarray, np.ndarray, dict]:
+    """:func:`sample_hidden_states` and where its result came from: ``{"cache": status,
+    "path": the cache file or None, "why": why a cache file was not trusted or ""}``, the status
+    one of ``"off"`` (no ``cache_dir``), ``"hit"`` (loaded), ``"written"`` (computed and
+    cached), ``"rebuilt"`` (a cache file was not trusted: computed and rewritten) and
+    ``"not written"`` (computed; the folder could not be written). The report records it."""
     hf, tokenizer, name, _ = _causal_lm(model)
     if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
         raise TypeError(f"lengths: expected a sequence of positive integers, got {type(lengths).__name__}")
@@ -401,14 +413,15 @@ def sample_hidden_states(
     _check_model(hf)
 
     path = key = None
+    why = ""
     if folder is not None:
         key = _cache_key(hf, allowed, lengths, n, seed)
         path = _cache_path(folder, name, key)
         if path.is_file():
-            H = _load_cache(path, key, (row_lengths.size, int(d)))
+            H, why = _load_cache(path, key, (row_lengths.size, int(d)))
             if H is not None:
                 _log.info("hidden states from the cache %s", path)
-                return H, row_lengths
+                return H, row_lengths, {"cache": "hit", "path": str(path), "why": ""}
 
     from tqdm.auto import tqdm
 
@@ -427,7 +440,10 @@ def sample_hidden_states(
                 row += b
                 done += b
                 bar.update(b)
-    if path is not None:
-        if _save_cache(path, key, H):
-            _log.info("hidden states cached in %s", path)
-    return H, row_lengths
+    if path is None:
+        return H, row_lengths, {"cache": "off", "path": None, "why": ""}
+    written = _save_cache(path, key, H)
+    if written:
+        _log.info("hidden states cached in %s", path)
+    status = ("rebuilt" if why else "written") if written else "not written"
+    return H, row_lengths, {"cache": status, "path": str(path), "why": why}

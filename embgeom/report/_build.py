@@ -267,25 +267,33 @@ def _load_phase(model, progress: bool):
     return loaded, u, model_facts
 
 
-def _sample(loaded, lengths, n_per_length: int, seed: int, cache_dir, progress: bool):
-    from .. import adapters
+def _sample(loaded, lengths, n_per_length: int, seed: int, cache_dir, progress: bool,
+            sources: dict, which: str):
+    """:func:`embgeom.adapters.sample_hidden_states`, its provenance (cache hit, written,
+    rebuilt, off) recorded in ``sources[which]`` for the report's ``hidden_states.sources``."""
+    from ..adapters._sample import _sample_with_provenance
 
-    return adapters.sample_hidden_states(loaded, lengths, n_per_length, seed=seed,
-                                         cache_dir=cache_dir, progress=progress)
+    H, row_lengths, prov = _sample_with_provenance(loaded, lengths, n_per_length, 32, seed,
+                                                   cache_dir, progress)
+    sources[which] = {"lengths": [int(x) for x in lengths], "n_per_length": int(n_per_length),
+                      "seed": int(seed), **prov}
+    return H, row_lengths
 
 
 def _sample_phase(loaded, size: dict, seed: int, cache_dir, progress: bool) -> dict:
     """2. hidden states: the fit sample, the fresh sample (other lengths, ``seed + 1``) and the
     calibration sample (the fit lengths, ``seed + 2``)."""
+    sources: dict = {}
     H, row_lengths = _sample(loaded, size["lengths"], size["n_per_length"], seed, cache_dir,
-                             progress)
+                             progress, sources, "fit")
     H_fresh, _ = _sample(loaded, size["heldout_lengths"], size["heldout_per_length"], seed + 1,
-                         cache_dir, progress)
+                         cache_dir, progress, sources, "heldout")
     H_cal = None
     if size["calibration_per_length"] > 0:
         H_cal, _ = _sample(loaded, size["lengths"], size["calibration_per_length"], seed + 2,
-                           cache_dir, progress)
-    return {"H": H, "lengths": row_lengths, "fresh": H_fresh, "calibration": H_cal}
+                           cache_dir, progress, sources, "calibration")
+    return {"H": H, "lengths": row_lengths, "fresh": H_fresh, "calibration": H_cal,
+            "sources": sources}
 
 
 def _hidden_phase(samples: dict, size: dict, seed: int, out: Path, shell) -> dict:
@@ -295,6 +303,8 @@ def _hidden_phase(samples: dict, size: dict, seed: int, out: Path, shell) -> dic
     geo["lengths"] = [int(x) for x in size["lengths"]]
     geo["n_per_length"] = int(size["n_per_length"])
     geo["certified_radius"] = None if shell is None else certified_radius(shell)
+    # where each sample came from (the cache, or computed and cached, rebuilt, uncached)
+    geo["sources"] = samples.get("sources", {})
     H_fresh = samples["fresh"]
     geo["heldout_rinf_max"] = float(np.abs(H_fresh).max())
     geo["heldout_r2_max"] = float(np.linalg.norm(H_fresh, axis=1).max())

@@ -98,6 +98,28 @@ def hidden_markdown(h: dict, max_cos_points: int) -> str:
                  h["cos_mean"]])
     lines.append(md_table(["length", "n", "max L2", "mean L2", "max L-inf", "min cos",
                            "mean cos"], rows))
+    if h.get("sources"):
+        lines += ["", _sources_line(h["sources"])]
     if h.get("figure"):
         lines += ["", f"![norms vs length]({h['figure']})"]
     return "\n".join(lines)
+
+
+_CACHE_WORDS = {"hit": "from the cache", "written": "computed and cached",
+                "rebuilt": "recomputed (its cache file was not trusted) and cached again",
+                "not written": "computed (the cache folder could not be written)",
+                "off": "computed (no cache)"}
+
+
+def _sources_line(sources: dict) -> str:
+    """Where each sample of hidden states came from, one sentence: the cache file, or computed
+    (cached, rebuilt, uncached); ``sources`` is the report's ``hidden_states.sources``."""
+    parts = []
+    for which, src in sources.items():
+        text = f"{which} (seed {src['seed']}): {_CACHE_WORDS.get(src['cache'], src['cache'])}"
+        if src.get("why"):
+            text += f", {src['why']}"
+        if src.get("path"):
+            text += f", `{src['path']}`"
+        parts.append(text)
+    return "Provenance: " + "; ".join(parts) + "."

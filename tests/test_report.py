@@ -491,3 +491,78 @@ def test_accessibility_vs_bound_and_linear_law_figures(tmp_path):
     assert wide.shape[1] > 1.3 * narrow.shape[1]  # the measured panel beside the law
     with pytest.raises(ValueError, match="curves"):
         figures.plot_accessible_fraction({}, 1000, tmp_path / "x.png")
+
+
+def _captured_figure(monkeypatch):
+    """figures._save replaced: the figure is kept (and closed by the caller's test)."""
+    from embgeom.report import figures
+
+    kept = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: kept.append(fig) or str(path))
+    return kept
+
+
+def test_cell_histogram_keeps_the_bulk_readable_beside_one_far_token():
+    """One cell 30 nats below the rest (SmolLM2 has one at -41 nats) used to squash every other
+    token into a bin or two: it is a hatched bar past the edge, with its value written."""
+    import types
+
+    from embgeom.report.figures import plot_cell_histogram
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(-11.0, 1.0, 300), [-41.0]])
+    cv = types.SimpleNamespace(counts=np.zeros(x.size, np.int64), estimator="rare-event",
+                               token_method=np.array(["rare-event"] * x.size),
+                               log_fractions=x, extra={"rare_event": {"n_chains": 128}},
+                               n_samples=1000, n_zero=0)
+    ax = plot_cell_histogram(cv)
+    bulk = [p for p in ax.patches if not p.get_hatch()]
+    far = [p for p in ax.patches if p.get_hatch()]
+    assert sum(p.get_height() for p in bulk) == 300 and len(far) == 1
+    assert far[0].get_height() == 1
+    assert min(p.get_x() for p in bulk) == pytest.approx(x[:300].min())  # the bulk spans the axis
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels[1] == "1 token far below (the most extreme at -41.0 nats), axis not to scale"
+    assert any(t.get_text() == "-41.0" for t in ax.texts)
+    # few tokens: every one to scale, no fence
+    cv.log_fractions, cv.token_method = x[-10:], cv.token_method[-10:]
+    cv.counts = cv.counts[-10:]
+    ax = plot_cell_histogram(cv)
+    assert not any(p.get_hatch() for p in ax.patches)
+    assert min(p.get_x() for p in ax.patches) == pytest.approx(-41.0)
+
+
+def test_accessible_fraction_cliff_panels_are_in_nats(monkeypatch, tmp_path):
+    from embgeom.report import figures
+
+    kept = _captured_figure(monkeypatch)
+    figures.plot_accessible_fraction({"ball": (500.0, None)}, 1000, tmp_path / "a.png",
+                                     m_values=(1, 2))
+    fig = kept[0]
+    lower = fig.axes[1:]
+    assert [a.get_ylabel() for a in lower] == ["log fraction, bound (nats)"] * 2
+    assert lower[0].get_ylim()[0] == pytest.approx(-23.0)
+    y = lower[0].get_lines()[0].get_ydata()
+    # past n* the bound falls log|V| = 6.91 nats per token (not log10|V| = 3 decades)
+    assert np.diff(y[y < -1e-9])[:3] == pytest.approx([-math.log(1000)] * 3)
+    assert "log|V| = 6.91 nats per token" in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match="depth_nats"):
+        figures.plot_accessible_fraction({"ball": (500.0, None)}, 1000, tmp_path / "a.png",
+                                         depth_nats=0)
+
+
+def test_linear_law_draws_close_slopes_as_one_band_and_lists_each(monkeypatch, tmp_path):
+    """Valid supports with C = 298-318 coincided as lines on the log axis: the tightest is the
+    line, the rest the band they span, and every C is written out."""
+    from embgeom.report import figures
+
+    kept = _captured_figure(monkeypatch)
+    slopes = {"ellipsoid": 318.2, "ball": 298.4, "box": 305.0}
+    figures.plot_linear_law(slopes, tmp_path / "ll.png")
+    ax = kept[0].axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels[:2] == ["the bound, ball: C = 298.4 (tightest valid support)",
+                          "3 valid supports: C = 298.4 to 318.2"]
+    listing = [t.get_text() for t in ax.texts if t.get_text().startswith("valid supports")][0]
+    assert listing.splitlines()[1:] == ["  ball: 298.4", "  box: 305", "  ellipsoid: 318.2"]
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), 298.4 * np.arange(1, 9))

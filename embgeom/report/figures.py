@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import check_positive_int
+from .._validation import check_positive, check_positive_int
 
 __all__ = [
     "plot_hidden_norms",
@@ -219,7 +219,9 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     no hit have no finite log-share: they are drawn as a separate grey bar to the left of the
     others, labelled with their count and the upper bound every one of them shares. The title
     names the estimator and its budget (chains for rare-event splitting, samples for uniform
-    Monte Carlo).
+    Monte Carlo). Tokens beyond Tukey's far-out fences (3 IQR past the quartiles, with 20 or
+    more tokens) are not spread over the axis, which would squash the bulk into a bin or two:
+    they are one hatched bar past each edge, labelled with their count and the extreme value.
 
     Parameters
     ----------
@@ -265,12 +267,25 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     nbins = (int(np.clip(round(math.sqrt(max(x.size, 1))), 5, 50)) if bins is None
              else check_positive_int(bins, "bins"))
     if x.size:
-        lo, hi = float(x.min()), float(x.max())
+        f_lo, f_hi = _fences(x)
+        inside = (x >= f_lo) & (x <= f_hi)
+        lo, hi = float(x[inside].min()), float(x[inside].max())
         if hi - lo < 1e-9:
             lo, hi = lo - 0.5, hi + 0.5
         edges = np.linspace(lo, hi, nbins + 1)
-        ax.hist(x, bins=edges, color="C0", label=label)
+        ax.hist(x[inside], bins=edges, color="C0", label=label)
         width = (hi - lo) / nbins
+        # a few far tokens (one cell 30 nats below the rest) would squash the bulk into one
+        # bin: they are drawn as a hatched bar beyond each edge, with their count and extreme
+        for side, far in (("below", x < f_lo), ("above", x > f_hi)):
+            if far.any():
+                xo = lo - 2 * width if side == "below" else hi + 2 * width
+                ext = float(x[far].min() if side == "below" else x[far].max())
+                ax.bar([xo], [int(far.sum())], width=width, color="C0", alpha=0.45, hatch="//",
+                       label=f"{int(far.sum()):,} token{'s' if far.sum() > 1 else ''} far "
+                             f"{side} (the most extreme at {ext:.1f} nats), axis not to scale")
+                ax.annotate(f"{ext:.1f}", (xo, int(far.sum())), ha="center", va="bottom",
+                            fontsize=7)
     else:
         lo, width = math.log(1.0 / cv.n_samples), 0.25
     if cv.n_zero and not rare.any():
@@ -288,8 +303,20 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     return ax
 
 
+def _fences(x: np.ndarray, k: float = 3.0) -> tuple[float, float]:
+    """Tukey's far-out fences ``(q1 - k IQR, q3 + k IQR)`` of the values ``x``; with fewer than
+    20 values or an IQR of 0, no fence (``-inf, inf``): every value is drawn to scale."""
+    if x.size < 20:
+        return -math.inf, math.inf
+    q1, q3 = np.percentile(x, [25, 75])
+    iqr = float(q3 - q1)
+    if iqr <= 0:
+        return -math.inf, math.inf
+    return float(q1 - k * iqr), float(q3 + k * iqr)
+
+
 def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 4, 8),
-                             decades: float = 10.0, measured: dict | None = None) -> str:
+                             depth_nats: float = 23.0, measured: dict | None = None) -> str:
     """The measured accessibility beside the bound (top), and the bound near its cliff (below).
 
     Top panel (the paper's central figure): the accessible fraction against the sequence length
@@ -299,9 +326,9 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     curve (the tightest valid support), so the gap between theory and measurement is read off
     the x axis. Without a measurement the bound alone is drawn for ``m_values``.
 
-    Lower panels: one per m, the log10 of the bound over the few tokens where it falls
-    (``log10|V|`` decades per token past ``n*``; with a rate ``lambda``, ``lambda / ln 10``),
-    the first ``decades`` decades below 1.
+    Lower panels: one per m, the natural log of the bound (nats, the project's unit) over the
+    few tokens where it falls (``log|V|`` nats per token past ``n*``; with a rate ``lambda``,
+    ``lambda`` nats per token), the first ``depth_nats`` nats below 0.
 
     Parameters
     ----------
@@ -313,8 +340,8 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     path : str or Path
     m_values : sequence of int, default (1, 2, 4, 8)
         One lower panel per ``m``.
-    decades : float, default 10
-        Depth of the lower panels' y axis below 0 (log10 units).
+    depth_nats : float, default 23
+        Depth of the lower panels' y axis below 0, in nats (23 nats is about 10 decades).
     measured : dict, optional
         ``{m: {"lengths", "accessibility", "lower", "upper"}}`` (lists; e.g.
         :func:`embgeom.report.read_cram_summary`'s ``curves``).
@@ -326,7 +353,10 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     Raises
     ------
     ValueError
-        Empty ``curves`` or ``m_values``, ``vocab_size < 2``.
+        Empty ``curves`` or ``m_values``, ``vocab_size < 2``, a ``depth_nats`` that is not
+        finite and > 0.
+    TypeError
+        A ``depth_nats`` that is not a real number.
     """
     from ..bounds import accessible_fraction_bound, n_star
 
@@ -339,6 +369,7 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
                          ">= 1), got none")
     measured = {int(k): v for k, v in (measured or {}).items()
                 if v and v.get("lengths")}
+    depth = check_positive(depth_nats, "depth_nats")
     ncol = 2 if len(ms) > 1 else 1
     nrow = -(-len(ms) // ncol)
     fig = _figure(8.0, 2.9 * nrow + 3.8)
@@ -369,30 +400,29 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     top.grid(alpha=0.3, which="both")
     top.legend(fontsize=6.5, loc="center left", ncol=1)
     axes = [fig.add_subplot(gs[1 + i // ncol, i % ncol]) for i in range(len(ms))]
-    ln10 = math.log(10.0)
     for ax, m in zip(axes, ms):
         starts, ends = [], []
         for lp, rate in curves.values():
             ns = float(n_star(m, lp, V, rate))
-            per_token = (rate if rate else math.log(V)) / ln10  # decades per token past n*
+            per_token = rate if rate else math.log(V)  # nats per token past n*
             starts.append(ns)
-            ends.append(ns + decades / per_token)
+            ends.append(ns + depth / per_token)
         lo = min(starts)
         hi = max(ends)
         pad = 0.04 * (hi - lo) + 1.0
         n = np.arange(max(int(math.floor(lo - pad)), 1), int(math.ceil(hi + pad)) + 1)
         for ci, (label, (lp, rate)) in enumerate(curves.items()):
-            y = accessible_fraction_bound(n, m, lp, V, rate, log=True) / ln10
+            y = accessible_fraction_bound(n, m, lp, V, rate, log=True)
             ax.plot(n, y, color=f"C{ci % 10}", lw=1.4, label=label,
                     marker="." if n.size <= 60 else None, ms=3)
-        ax.set_ylim(-decades, 0.4)
+        ax.set_ylim(-depth, 0.04 * depth)
         ax.set_title(f"m = {m} prompt vector" + ("s" if m > 1 else ""), fontsize=9)
         ax.set_xlabel("sequence length n (tokens)", fontsize=8)
-        ax.set_ylabel("log10 fraction (bound)", fontsize=8)
+        ax.set_ylabel("log fraction, bound (nats)", fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Accessible fraction: measurement and bound (the bound falls log10|V| = "
-                 f"{math.log10(V):.2f} decades per token past n*)", fontsize=10)
+    fig.suptitle(f"Accessible fraction: measurement and bound (the bound falls log|V| = "
+                 f"{math.log(V):.2f} nats per token past n*)", fontsize=10)
     return _save(fig, path)
 
 
@@ -400,8 +430,10 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
                     c_emp: dict | None = None) -> str:
     """The linear law ``n*(m) = C m`` and the measured n50(m), readable together.
 
-    Left: every valid support's ``C m`` and the measured n50 points on a log y axis, so lines
-    hundreds of tokens high and n50 points of tens of tokens are both visible. Right (when
+    Left: the bound ``C m`` of the tightest valid support, the band the other valid supports'
+    slopes span (they often differ by a few per cent, and separate lines would coincide), a
+    list of every ``C``, and the measured n50 points, on a log y axis, so lines hundreds of
+    tokens high and n50 points of tens of tokens are both visible. Right (when
     C_emp was measured): the n50 points with their intervals and the fit ``n50 = C_emp m`` on
     linear axes, with ``C / C_emp`` of each valid support written in.
 
@@ -436,8 +468,21 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     fig = _figure(11.0 if measured else 7.5, 4.6)
     axes = fig.subplots(1, 2 if measured else 1, squeeze=False).ravel()
     ax = axes[0]
-    for i, (label, C) in enumerate(sorted(slopes.items(), key=lambda kv: kv[1])):
-        ax.plot(m, C * m, "-", color=f"C{i % 10}", lw=1.6, label=f"{label}: C = {C:.4g}")
+    ordered = sorted(slopes.items(), key=lambda kv: kv[1])
+    if ordered:
+        # valid supports' slopes often lie within a few per cent of each other: on a log axis
+        # their lines coincide, so the tightest is drawn, the rest as the band they span, and
+        # every C is written out
+        (label0, C0), C1 = ordered[0], ordered[-1][1]
+        ax.plot(m, C0 * m, "-", color="C0", lw=1.8,
+                label=f"the bound, {label0}: C = {C0:.4g} (tightest valid support)")
+        if len(ordered) > 1:
+            ax.fill_between(m, C0 * m, C1 * m, color="C0", alpha=0.18, lw=0,
+                            label=f"{len(ordered)} valid supports: C = {C0:.4g} to {C1:.4g}")
+            ax.plot(m, C1 * m, "-", color="C0", lw=0.8, alpha=0.6)
+        ax.text(0.02, 0.98, "valid supports, C (tokens per vector):\n" + "\n".join(
+            f"  {k}: {C:.4g}" for k, C in ordered), transform=ax.transAxes, ha="left",
+            va="top", fontsize=6.5, color="0.25", family="monospace")
     for label, C in (reference or {}).items():
         ax.plot(m, C * m, "--", color="0.55", lw=1.0, label=f"{label}: C = {C:.4g} (not the bound)")
     pts = _n50_points(c_emp) if measured else None
@@ -471,7 +516,7 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     ax.set_xlabel("prompt vectors m")
     ax.set_ylabel("n*(m) bound and n50(m) (tokens, log scale)")
     ax.set_title("Linear law n*(m) <= C m (Cor. 4.6): valid supports", fontsize=10)
-    ax.legend(fontsize=7, loc="center right")
+    ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 

@@ -520,3 +520,36 @@ def test_build_report_refuses_an_empty_out_dir(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="out_dir: expected a folder path"):
         build_report("smollm2-135m", "")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_all_zero_bias_is_no_bias():
+    """Decoder(W, bias=zeros) has the cone cells of bias=None: rare-event splitting, which needs
+    cones, used to refuse it ("the decoder has a bias") and "auto" fell back to counting."""
+    from embgeom.cells import Decoder
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    W = np.vstack([np.eye(3), -np.eye(3)])
+    zero = Decoder(W, bias=np.zeros(6))
+    assert zero.bias_ is None and repr(zero).endswith("bias=None)")
+    ball = Ball.from_params(np.zeros(3), 1.0)
+    kw = dict(seed=0, progress=False, n_chains=1024, method="rare-event", target_se=None)
+    a = cell_volumes(zero, ball, 200, **kw)
+    b = cell_volumes(Decoder(W), ball, 200, **kw)
+    np.testing.assert_array_equal(a.log_fractions, b.log_fractions)
+    # the cross-polytope's six cells are equal: log(1/6), to about 0.03 nats at 1,024 chains
+    np.testing.assert_allclose(a.log_fractions, np.log(1 / 6), atol=0.15)
+    assert Decoder(W, bias=np.r_[np.zeros(5), 1e-3]).bias_ is not None  # one nonzero entry
+
+
+def test_unargmaxable_with_no_tokens_says_empty():
+    from embgeom.cells import Decoder
+
+    dec = Decoder(np.vstack([np.eye(3), -np.eye(3)]))
+    with pytest.raises(ValueError, match="tokens: expected a non-empty array"):
+        dec.unargmaxable(tokens=[])
+    with pytest.raises(TypeError, match="tokens: expected integers"):
+        dec.unargmaxable(tokens=[1.0])
+    with pytest.raises(ValueError, match=r"tokens: values must lie in \[0, 6\)"):
+        dec.unargmaxable(tokens=[6])
+    assert dec.unargmaxable(tokens=[0, 0, 5]).n_unargmaxable == 0

@@ -87,6 +87,8 @@ class Decoder:
         stored float32 values promoted to float64.
     bias : array_like of float, shape (n_tokens,), optional
         The output bias ``b``. ``None`` (default) means ``b = 0``: every cell is then a cone.
+        An all-zero bias is the same decoder and is stored as ``None`` (so the methods that
+        need cone cells, such as rare-event splitting, accept it).
     point_block, vocab_block : int, optional
         Block sizes of the blocked product (points per block, tokens per block). Each thread
         that calls the decoder keeps one float32 logits buffer of ``point_block * vocab_block``
@@ -96,6 +98,7 @@ class Decoder:
     ----------
     W_ : numpy.ndarray of float32, shape (n_tokens, d)
     bias_ : numpy.ndarray of float32, shape (n_tokens,), or None
+        None when no bias or an all-zero one was given.
     n_tokens : int
     dim : int
 
@@ -144,6 +147,8 @@ class Decoder:
             if not np.isfinite(self.bias_).all():
                 raise ValueError("bias: overflows float32")
         _refuse_float32_underflow(W, None if bias is None else b)
+        if self.bias_ is not None and not self.bias_.any():
+            self.bias_ = None  # b = 0: argmax W h + 0 is argmax W h, the cone cells
         self.point_block = check_positive_int(point_block, "point_block")
         self.vocab_block = check_positive_int(vocab_block, "vocab_block")
         self._zero_bias = None
@@ -703,7 +708,7 @@ class Decoder:
         TypeError
             Unsupported support type; bad argument types.
         ValueError
-            Support of another dimension; token ids out of range.
+            Support of another dimension; empty ``tokens``, token ids out of range.
         """
         witness_steps = check_positive_int(witness_steps, "witness_steps", minimum=0)
         batch_size = check_positive_int(batch_size, "batch_size")

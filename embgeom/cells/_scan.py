@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _kernels
-from .._validation import check_positive_int
+from .._validation import check_int_array, check_positive_int
 from ._region import _check_bias_at_scale, _region, _Region, max_margin_lp
 from ._rows import _UNIT_ROUNDOFF32, STATUS_NAMES, UnargmaxableResult, _gamma, distinct_rows
 
@@ -318,21 +318,17 @@ def select_tokens(setup: ScanSetup, tokens=None) -> tuple[np.ndarray, np.ndarray
     Raises
     ------
     TypeError
-        ``tokens`` not a 1-d integer array.
+        ``tokens`` not an integer array.
     ValueError
-        Ids outside ``[0, n_tokens)``.
+        ``tokens`` empty or not 1-d, ids outside ``[0, n_tokens)``.
     """
     V = setup.n_tokens
     status = np.full(V, _STATUS["skipped"], dtype=np.int8)
     if tokens is None:
         want = np.arange(V, dtype=np.int64)
     else:
-        want = np.asarray(tokens)
-        if want.dtype.kind not in "iu" or want.ndim != 1:
-            raise TypeError("tokens: expected a 1-d array of integer token ids")
-        want = np.unique(want.astype(np.int64))
-        if want.size and (want[0] < 0 or want[-1] >= V):
-            raise ValueError(f"tokens: ids must lie in [0, {V}), got {want[0]}..{want[-1]}")
+        # the one integer-array rule (an empty list is "empty", not "not integers")
+        want = np.unique(check_int_array(tokens, "tokens", ndim=1, low=0, high=V))
     rep = setup.rep
     status[want[rep[want] != want]] = _STATUS["duplicate"]
     todo_ids = want[rep[want] == want]

@@ -53,6 +53,16 @@ JOBS = {
     "smollm2-words": ("smollm2-135m", "wordlist", [1, 2]),
     "gemma-words": ("gemma-3-270m", "wordlist", [1, 2]),
 }
+#: one line per job for --help (the module docstring says more)
+JOB_HELP = {
+    "sweep": "SmolLM2, m = 1, 8 targets at 1,000 / 3,000 / 10,000 updates per length",
+    "smollm2-tokens": "SmolLM2, m = 1..4, random tokens (the theorem's case): C_emp",
+    "smollm2-words": "SmolLM2, m = 1..2, random words (the paper's random text): C_emp",
+    "gemma-words": "Gemma-3-270m, m = 1..2, random words: the reproduction check",
+    "compare": "horizon curve vs the committed per-length curve, SmolLM2, m = 1",
+    "status": "where every run stands, from its files (writes nothing)",
+    "summary": "status, then rewrites each C_emp job's interim cram_summary.json / .md",
+}
 SWEEP_BUDGETS = (1000, 3000, 10000)
 BATCH = 4
 N_TARGETS = 16
@@ -292,8 +302,9 @@ def status(a) -> dict:
             fit = fit_slope(finite)
             counts = ", ".join(f"{len(row[m]['horizons'])} at m = {m}" for m in finite)
             print(f"{d.relative_to(OUT)}  interim C_emp {fit['c_emp']:.2f} tokens per vector, "
-                  f"95% [{fit['c_emp_lower']:.2f}, {fit['c_emp_upper']:.2f}], R^2 {fit['r2']:.3f} "
-                  f"(slope through the origin over {len(finite)} values of m; targets: {counts})")
+                  f"95% [{fit['c_emp_lower']:.2f}, {fit['c_emp_upper']:.2f}], R² through the origin "
+                  f"{fit['r2_uncentred']:.4f} (centred {fit['r2']:.4f}; slope through the origin "
+                  f"over {len(finite)} values of m; targets: {counts})")
             row["fit"] = fit
         if bound is not None:
             row["n50_at_least"] = bound
@@ -356,8 +367,8 @@ def _sweep_bound(out: dict) -> None:
     if not r2 or lo is None or len(r2["horizons"]) < 8:
         return
     change = (lo - r2["n50"]) / r2["n50"]
-    verdict = ("not converged at %d (final: the horizons so far can only rise, so the change "
-               "can only grow)" % b2 if change >= 0.1 else "undecided")
+    verdict = (f"not converged at {b2:,} (final: the horizons so far can only rise, so the "
+               "change can only grow)" if change >= 0.1 else "undecided")
     print(f"sweep  n50 {r2['n50']} at {b2:,} -> >= {lo} at {b3:,}: change >= {change:.1%}, "
           f"{verdict}")
 
@@ -366,16 +377,26 @@ def main(argv=None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from embgeom.cramming import DEFAULT_PROTOCOL
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("job", choices=["sweep", "compare", "status", "summary", *JOBS])
-    p.add_argument("--protocol", default=DEFAULT_PROTOCOL)
-    p.add_argument("--steps-per-length", type=int, default=3000)
-    p.add_argument("--threads", type=int, default=1)
+    jobs = "\n".join(f"  {k:<15} {v}" for k, v in JOB_HELP.items())
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="jobs (status and summary load no model; the others append to their run "
+               "folder's JSONL\nunder benchmarks/results/capacity/ and resume from it):\n" + jobs + "\n\nSee the module docstring of benchmarks/capacity.py for "
+               "the details.")
+    p.add_argument("job", choices=["sweep", "compare", "status", "summary", *JOBS],
+                   help="what to run (see below)")
+    p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
+                   help=f"cramming preset (embgeom.cramming.PROTOCOLS; default {DEFAULT_PROTOCOL})")
+    p.add_argument("--steps-per-length", type=int, default=3000,
+                   help="C_emp jobs: updates per target length (default 3000)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of this process (default 1: one job per core)")
     p.add_argument("--n-targets", type=int, default=N_TARGETS,
                    help=f"C_emp jobs: a first pass with this many targets per m, then all "
                         f"{N_TARGETS} (default: {N_TARGETS} at once)")
     p.add_argument("--budgets", type=int, nargs="+", default=list(SWEEP_BUDGETS),
-                   help="sweep: the budgets this process runs (another may run the rest)")
+                   help="sweep: the budgets this process runs (another may run the rest; "
+                        f"default {' '.join(map(str, SWEEP_BUDGETS))})")
     a = p.parse_args(argv)
     import torch
 

@@ -514,3 +514,70 @@ def test_accessibility_refuses_lengths_never_tried():
     with pytest.raises(TypeError, match="lengths"):
         c.accessibility([2.7])
     assert "records" not in repr(c) and "memory" not in repr(c)
+
+
+def _synthetic_horizons(folder, horizons_by_m, max_length=40):
+    """A horizons.jsonl of hand-made records (no model): ``{m: [h, ...]}``, batch size 2."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for m, hs in horizons_by_m.items():
+        st = {"kind": "horizons", "n_mem": m, "max_length": max_length, "batch_size": 2,
+              "seed": 0, "protocol": {"name": "progressive", "lr": 0.1, "source": "a test"},
+              "steps_per_length": 10}
+        lines += [json.dumps({"kind": "horizon", "settings_hash": f"hash{m}", "n_mem": m,
+                              "target_index": i, "horizon": h, "censored": False,
+                              "settings": st}) for i, h in enumerate(hs)]
+    (folder / "horizons.jsonl").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("horizon", float("nan"), r"line 2 .*'horizon' must be an integer in \[0, max_length = 40\]"),
+    ("horizon", "x", r"line 2 .*'horizon' must be an integer"),
+    ("horizon", None, r"line 2 .*'horizon' must be an integer"),
+    ("horizon", 10**9, r"line 2 .*'horizon' must be an integer in \[0, max_length = 40\]"),
+    ("horizon", -5, r"line 2 .*'horizon'"),
+    ("horizon", 7.0, r"line 2 .*'horizon'"),
+    ("n_mem", 0, r"line 2 .*'n_mem' must be an integer >= 1, got 0"),
+    ("target_index", -1, r"line 2 .*'target_index' must be an integer >= 0"),
+    ("censored", "no", r"line 2 .*'censored' must be true or false"),
+])
+def test_summarise_horizons_names_the_line_of_a_record_that_cannot_be_right(
+        tmp_path, key, value, match):
+    from embgeom.cramming import summarise_horizons
+
+    lines = _synthetic_horizons(tmp_path / "run", {1: [10, 12, 14, 16], 2: [20, 24]})
+    s = summarise_horizons(tmp_path / "run", plot=False, n_boot=100)
+    assert s["n50"]["1"]["n50"] == 13.0 and s["n50"]["2"]["n50"] == 22.0
+    assert s["fit"]["c_emp"] == pytest.approx((13 * 1 + 22 * 2) / 5)  # through the origin
+    bad = json.loads(lines[1])
+    bad[key] = value
+    lines[1] = json.dumps(bad)
+    (tmp_path / "run" / "horizons.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=match):
+        summarise_horizons(tmp_path / "run", plot=False, n_boot=100)
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    ({"c_theory": float("nan")}, ValueError, "c_theory"),
+    ({"c_theory": -1.0}, ValueError, "c_theory"),
+    ({"c_theory": 0.0}, ValueError, "c_theory"),
+    ({"c_theory": "300"}, TypeError, "c_theory"),
+    ({"converged": "yes"}, TypeError, "converged"),
+    ({"plot": "no"}, TypeError, "plot"),
+])
+def test_summarise_horizons_refuses_bad_arguments_before_writing(tmp_path, kw, err, match):
+    """A bad c_theory used to be swallowed into fit_error, and cram_summary.json overwritten
+    without C_emp (the newest summary, the one `embgeom report --cram-summary auto` reads)."""
+    from embgeom.cramming import summarise_horizons
+
+    _synthetic_horizons(tmp_path / "run", {1: [10, 12], 2: [20, 24]})
+    with pytest.raises(err, match=match):
+        summarise_horizons(tmp_path / "run", **kw)
+    assert not (tmp_path / "run" / "cram_summary.json").exists()
+    with pytest.raises(ValueError, match="out_dir"):
+        summarise_horizons(None)
+    with pytest.raises(TypeError, match="out_dir"):
+        summarise_horizons(3)
+    s = summarise_horizons(tmp_path / "run", plot=False, n_boot=100, c_theory=300.0)
+    assert s["fit"]["c_emp"] == pytest.approx((11 + 22 * 2) / 5)

@@ -9,6 +9,7 @@ and, when a budget sweep was given, whether n50 converged).
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -131,17 +132,8 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int | dict = 16, max_l
             raise ValueError(f"n_targets: no number of targets for m = {missing}")
     counts = {m: check_positive_int(n_targets[m] if isinstance(n_targets, dict)
                                     else n_targets, "n_targets") for m in ms}
-    if converged is not None and not (isinstance(converged, dict) and "converged" in converged):
-        raise TypeError("converged: expected None or a budget_converged() result (a dict with "
-                        f"'converged'), got {type(converged).__name__}")
-    if c_theory is not None:
-        c_theory = check_positive(c_theory, "c_theory")
-    n_boot = check_n_boot(n_boot)
-    if not isinstance(plot, (bool, np.bool_)):
-        raise TypeError(f"plot: expected True or False, got {plot!r}")
+    c_theory, n_boot = _check_summary_args(out_dir, converged, c_theory, n_boot, plot)
     progress = _check_progress(progress)
-    if out_dir is None or (isinstance(out_dir, str) and not out_dir.strip()):
-        raise ValueError(f"out_dir: expected a folder path, got {out_dir!r}")
     out = _check_out_dir(out_dir)
     _check_jsonl(out / "horizons.jsonl", "out_dir", checkpoints=True)
     prior = out / "cram_summary.json"
@@ -216,6 +208,51 @@ def _curve_dict(hc) -> dict:
 
 
 
+def _check_summary_args(out_dir, converged, c_theory, n_boot, plot):
+    """The arguments :func:`run_horizons` and :func:`summarise_horizons` share, checked before
+    anything is read or written: ``(c_theory as a float or None, n_boot)``."""
+    if converged is not None and not (isinstance(converged, dict) and "converged" in converged):
+        raise TypeError("converged: expected None or a budget_converged() result (a dict with "
+                        f"'converged'), got {type(converged).__name__}")
+    if c_theory is not None:
+        c_theory = check_positive(c_theory, "c_theory")
+    n_boot = check_n_boot(n_boot)
+    if not isinstance(plot, (bool, np.bool_)):
+        raise TypeError(f"plot: expected True or False, got {plot!r}")
+    if out_dir is None or (isinstance(out_dir, str) and not out_dir.strip()):
+        raise ValueError(f"out_dir: expected a folder path, got {out_dir!r}")
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"out_dir: expected a folder path, got {type(out_dir).__name__}")
+    return c_theory, n_boot
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_horizon_record(r: dict, where: str) -> None:
+    """A record of ``horizons.jsonl`` that :func:`summarise_horizons` can trust: integer
+    ``n_mem >= 1``, ``target_index >= 0``, ``horizon`` in ``[0, max_length]``, a boolean
+    ``censored``, and settings with integer ``max_length``, ``batch_size`` (>= 1) and ``seed``.
+    ``where`` ("out_dir: line 3 of '...'") starts the ValueError."""
+    st = r.get("settings")
+    if not isinstance(st, dict):
+        raise ValueError(f"{where}: 'settings' must be an object, got {st!r}")
+    for key, low in (("max_length", 1), ("batch_size", 1), ("seed", 0)):
+        if not (_is_int(st.get(key)) and st[key] >= low):
+            raise ValueError(f"{where}: settings '{key}' must be an integer >= {low}, got "
+                             f"{st.get(key)!r}")
+    for key, low in (("n_mem", 1), ("target_index", 0)):
+        if not (_is_int(r.get(key)) and r[key] >= low):
+            raise ValueError(f"{where}: '{key}' must be an integer >= {low}, got {r.get(key)!r}")
+    h, top = r.get("horizon"), st["max_length"]
+    if not (_is_int(h) and 0 <= h <= top):
+        raise ValueError(f"{where}: 'horizon' must be an integer in [0, max_length = {top}] "
+                         f"(tokens), got {h!r}")
+    if not isinstance(r.get("censored"), bool):
+        raise ValueError(f"{where}: 'censored' must be true or false, got {r.get('censored')!r}")
+
+
 def summarise_horizons(out_dir, *, converged: dict | None = None, c_theory: float | None = None,
                        n_boot: int = 1000, plot: bool = True) -> dict:
     """The summary of a horizons run folder from its finished records alone: no model is loaded
@@ -253,16 +290,22 @@ def summarise_horizons(out_dir, *, converged: dict | None = None, c_theory: floa
     ------
     FileNotFoundError
         No ``horizons.jsonl`` in ``out_dir``.
+    TypeError
+        A ``converged`` that is not None or a :func:`budget_converged` result, a ``c_theory``
+        that is not a number, a non-boolean ``plot``, an ``out_dir`` that is not a path.
     ValueError
         Records of one m with different settings (two runs in one file), a record that is not
-        a horizon record, or no m with a whole batch of finished targets.
+        a horizon record or holds a value that cannot be right (a horizon that is not an integer
+        in ``[0, max_length]``, ``n_mem < 1``, ...; the message names the line), no m with a
+        whole batch of finished targets; a ``c_theory`` that is not finite and > 0, a bad
+        ``n_boot``, an empty ``out_dir``. All before anything is written.
     """
     import json
     from pathlib import Path
 
     from .analysis import HorizonCurve
 
-    n_boot = check_n_boot(n_boot)
+    c_theory, n_boot = _check_summary_args(out_dir, converged, c_theory, n_boot, plot)
     out = Path(out_dir)
     jsonl = out / "horizons.jsonl"
     if not jsonl.is_file():
@@ -277,6 +320,7 @@ def summarise_horizons(out_dir, *, converged: dict | None = None, c_theory: floa
             raise ValueError(f"out_dir: line {i + 1} of {str(jsonl)!r} is not JSON") from None
         if not isinstance(r, dict) or r.get("kind") != "horizon" or "settings" not in r:
             raise ValueError(f"out_dir: line {i + 1} of {str(jsonl)!r} is not a horizon record")
+        _check_horizon_record(r, f"out_dir: line {i + 1} of {str(jsonl)!r}")
         by_m.setdefault(int(r["n_mem"]), []).append(r)
     curves, n50s, counts, st = {}, {}, {}, None
     for m in sorted(by_m):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import io
+import re
 import sys
 import warnings
 
@@ -553,3 +554,16 @@ def test_unargmaxable_with_no_tokens_says_empty():
     with pytest.raises(ValueError, match=r"tokens: values must lie in \[0, 6\)"):
         dec.unargmaxable(tokens=[6])
     assert dec.unargmaxable(tokens=[0, 0, 5]).n_unargmaxable == 0
+
+
+@pytest.mark.parametrize("shape, cls, options", [
+    ("ball", "Ball", "['tol']"), ("box", "Box", "['min_width', 'rotation']")])
+def test_fit_support_names_an_unknown_option(shape, cls, options):
+    """fit_support(H, "ball", bogus=1) said "Ball.__init__() got an unexpected keyword"."""
+    import embgeom
+
+    H = np.random.default_rng(0).standard_normal((50, 4))
+    with pytest.raises(TypeError, match=rf"fit_support: 'bogus' is not an option of "
+                                        rf"shape='{shape}' \({cls}\); its further options are "
+                                        rf"{re.escape(options)}"):
+        embgeom.fit_support(H, shape, bogus=1)

@@ -89,10 +89,12 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
     Raises
     ------
     ValueError
-        Unknown shape or option, or bad ``H`` (NaN/inf, N < 2, ...); with ``calibrate``, a
-        calibration split too small for the level (``n >= 1/alpha - 1`` points are needed).
+        Unknown shape, a bad value of an option, or bad ``H`` (NaN/inf, N < 2, ...); with
+        ``calibrate``, a calibration split too small for the level (``n >= 1/alpha - 1``
+        points are needed).
     TypeError
-        ``H`` not a real array (float16, booleans, complex numbers refused).
+        ``H`` not a real array (float16, booleans, complex numbers refused); a keyword that is
+        not an option of the shape's class (named, with the options it takes).
 
     Examples
     --------
@@ -106,7 +108,14 @@ def fit_support(H, shape, *, center="free", quantile=1.0, solver="auto", calibra
         raise ValueError(f"shape: expected one of {tuple(SHAPES)}, got {shape!r}")
     check_choice(center, "center", _CENTERINGS)
     check_choice(solver, "solver", _SOLVERS)
-    est = SHAPES[shape]._from_fit_options(center=center, quantile=quantile, solver=solver, **kw)
+    cls = SHAPES[shape]
+    known = set(cls._get_param_names()) - {"centering", "quantile", "solver"}
+    unknown = sorted(set(kw) - known)
+    if unknown:
+        raise TypeError(f"fit_support: {', '.join(map(repr, unknown))} is not an option of "
+                        f"shape={shape!r} ({cls.__name__}); its further options are "
+                        f"{sorted(known)}")
+    est = cls._from_fit_options(center=center, quantile=quantile, solver=solver, **kw)
     if calibrate is None:
         return _fit_named(est, H)
     calibrate = _check_alpha(calibrate, "calibrate")

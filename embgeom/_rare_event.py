@@ -989,7 +989,7 @@ def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints,
     n_chains = check_positive_int(n_chains, "n_chains")
     n_groups = check_positive_int(n_groups, "n_groups", minimum=2)
     if n_chains % n_groups or n_chains // n_groups < 2:
-        raise ValueError(f"n_chains: expected a multiple of n_groups={n_groups} with >= 2 chains per group, got {n_chains}")
+        raise ValueError(f"n_chains: expected a multiple of n_groups={n_groups} with >= 2 chains per group (so {2 * n_groups}, {3 * n_groups}, ...), got {n_chains}")
     level_prob = check_probability(level_prob, "level_prob", open_right=True)
     n_moves = check_positive_int(n_moves, "n_moves")
     max_constraints = check_positive_int(max_constraints, "max_constraints")

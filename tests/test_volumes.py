@@ -259,7 +259,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="rare_event_options: 'seed' is set by cell_volumes"):
         cell_volumes(dec, ball3, 10, rare_event_options={"seed": 1}, progress=False)
     # the estimator's own settings are checked before the uniform pass (10^7 points not drawn)
-    with pytest.raises(ValueError, match="n_chains: expected a multiple of n_groups=16"):
+    with pytest.raises(ValueError, match=r"n_chains: expected a multiple of n_groups=16 with >= 2 chains per group \(so 32, 48, ...\), got 16"):
         cell_volumes(dec, ball3, 10**7, n_chains=16, progress=False)
     with pytest.raises(ValueError, match=r"level_prob: expected a number in \(0, 1\)"):
         cell_volumes(dec, ball3, 10**7, rare_event_options={"level_prob": 1.0}, progress=False)

@@ -581,3 +581,26 @@ def test_summarise_horizons_refuses_bad_arguments_before_writing(tmp_path, kw, e
         summarise_horizons(3)
     s = summarise_horizons(tmp_path / "run", plot=False, n_boot=100, c_theory=300.0)
     assert s["fit"]["c_emp"] == pytest.approx((11 + 22 * 2) / 5)
+
+
+def test_cram_summary_md_puts_the_answer_first_and_collapses_runs_of_equal_rows(tmp_path):
+    """A horizons table ran to the longest length tried (80 + 128 rows, most of them 16/16 or
+    0/16), with n50 and C_emp last: the answer is now the first line, and runs of identical
+    rows are one row ("1-9")."""
+    from embgeom.cramming import summarise_horizons
+
+    _synthetic_horizons(tmp_path / "run", {1: [10, 12, 14, 16], 2: [20, 24, 26, 30]})
+    s = summarise_horizons(tmp_path / "run", plot=False, n_boot=100)
+    md = (tmp_path / "run" / "cram_summary.md").read_text().splitlines()
+    from embgeom.report._markdown import fmt
+
+    r1, r2, fit = s["n50"]["1"], s["n50"]["2"], s["fit"]
+    assert (r1["n50"], r2["n50"]) == (13.0, 25.0)
+    assert md[2] == (f"**n50 (tokens, 95% interval)**: m = 1: 13 [{fmt(r1['lower'])}, "
+                     f"{fmt(r1['upper'])}]; m = 2: 25 [{fmt(r2['lower'])}, {fmt(r2['upper'])}]. "
+                     f"**C_emp = {fmt(fit['c_emp'])} tokens per vector [{fmt(fit['c_emp_lower'])}, "
+                     f"{fmt(fit['c_emp_upper'])}]**.")
+    assert fit["c_emp"] == pytest.approx((13 + 25 * 2) / 5)
+    rows = [x.split(" | ")[0].lstrip("| ") for x in md if x.startswith("| ") and "/4" in x]
+    # m = 1: lengths 1-10 all crammed, 11-12 3/4, 13-14 2/4, 15-16 1/4, 17-40 none
+    assert rows[:5] == ["1-10", "11", "12", "13", "14"] and rows[6:8] == ["16", "17-40"]

@@ -354,13 +354,14 @@ def _summary_markdown(summary: dict) -> str:
         extra.insert(0, f"protocol {st['protocol'].get('name', 'custom')}")
     if extra:
         lines.append("Settings: " + "; ".join(extra) + ".")
+    lines[1:1] = ["", _headline(summary)]
     for m, c in summary["curves"].items():
-        rows = [
+        rows = _collapse_runs([
             [n, f"{k}/{N}", a, f"[{fmt(lo, 3)}, {fmt(hi, 3)}]", f"{kg}/{N}"]
             for n, k, N, a, lo, hi, kg in zip(c["lengths"], c["successes"], c["trials"],
                                                c["accessibility"], c["lower"], c["upper"],
                                                c["successes_generation"])
-        ]
+        ])
         r = summary["n50"][m]
         note = f" (censored {r['censored']})" if r.get("censored") else ""
         lines += ["", f"## m = {m}", "",
@@ -378,6 +379,33 @@ def _summary_markdown(summary: dict) -> str:
     else:
         lines.append(f"no slope: {summary.get('fit_error')}")
     return "\n".join(lines) + "\n"
+
+
+def _headline(summary: dict) -> str:
+    """The answer first: n50 per m with its interval, and C_emp (or why there is none)."""
+    from embgeom.report._markdown import fmt
+
+    n50 = "; ".join(f"m = {m}: {fmt(r['n50'])} [{fmt(r['lower'])}, {fmt(r['upper'])}]"
+                    for m, r in summary["n50"].items())
+    fit = summary.get("fit")
+    slope = (f"C_emp = {fmt(fit['c_emp'])} tokens per vector [{fmt(fit['c_emp_lower'])}, "
+             f"{fmt(fit['c_emp_upper'])}]" if fit else "no C_emp yet")
+    return f"**n50 (tokens, 95% interval)**: {n50}. **{slope}**."
+
+
+def _collapse_runs(rows: list[list], min_run: int = 3) -> list[list]:
+    """Table rows with every run of ``min_run`` or more consecutive rows that agree on all but
+    the length as one row, its length ``"30-40"``: a horizon table runs to the longest length
+    tried, mostly ``16/16`` and ``0/16`` rows, and between two horizons nothing changes."""
+    out, i = [], 0
+    while i < len(rows):
+        j = i + 1
+        while j < len(rows) and rows[j][1:] == rows[i][1:]:
+            j += 1
+        out += ([[f"{rows[i][0]}-{rows[j - 1][0]}", *rows[i][1:]]] if j - i >= min_run
+                else rows[i:j])
+        i = j
+    return out
 
 
 def _targets_text(n) -> str:

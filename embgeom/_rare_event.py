@@ -115,6 +115,9 @@ SE_INFLATION = 1.0
 #: Without a working set, cones with at most this many constraint entries (``M k``) get the
 #: emptiness LP before the first level (an LP this small takes milliseconds).
 EARLY_LP_WORK = 100_000
+#: A float32 W whose max|W| is within 2^+-UNSCALED_RANGE of [0.5, 1) is not rescaled
+#: (:func:`prepare_cones`): the products stay far from float32's overflow and subnormals.
+UNSCALED_RANGE = 16
 #: Largest Gram matrix (constraints) built without a working set (16384^2 float64: 2 GiB).
 MAX_GRAM = 16384
 #: ``working_set="auto"`` takes a working set when a cone has more constraints than this (or
@@ -452,6 +455,23 @@ def _stalled(gammas: list) -> bool:
     return gammas[-4] >= gammas[-1] >= 0.9 * gammas[-4]
 
 
+class _GramBuffer:
+    """One Gram-matrix buffer that the working sets of a call's tokens reuse, one after another
+    (:func:`measure_cones`): a token's pilot writes its corner, its counted runs read it, and the
+    next token overwrites it. Every entry a working set reads (its ``M x M`` corner) is written
+    when its rows join, so the buffer is never cleared. A fresh ``cap x cap`` array per token
+    cost a page fault per 4 KiB of the corner it used, every token (0.1 s per SmolLM2 token
+    here: 2,000 constraints touch 32 MB)."""
+
+    def __init__(self):
+        self.buf = np.empty((0, 0))
+
+    def get(self, cap: int) -> np.ndarray:
+        if self.buf.shape[0] < cap:
+            self.buf = np.empty((cap, cap))
+        return self.buf
+
+
 class _Constraints:
     """The working set: unit constraint rows, their shifts and Gram matrix, in growing buffers.
 
@@ -459,13 +479,16 @@ class _Constraints:
     ``{x : A x + shift >= 0}`` are nested whatever joins when.
     """
 
-    def __init__(self, cone: _Cone, capacity: int, gram: bool):
+    def __init__(self, cone: _Cone, capacity: int, gram: bool,
+                 gram_buffer: _GramBuffer | None = None):
         self.cone = cone
+        self.gram_buffer = gram_buffer
         self.cap = capacity
         self.M = 0
         self.in_S = np.zeros(cone.WG32.shape[0], dtype=bool)
         self._ids = np.zeros(0, dtype=np.int64)
         self._A = np.zeros((0, cone.WG32.shape[1]))
+        self._A32 = np.zeros((0, cone.WG32.shape[1]), dtype=np.float32)
         self._shift = np.zeros(0)
         self._gram = np.zeros((0, 0)) if gram else None
         self.frozen = False  # a copy (:meth:`copy`) shares its rows and takes none
@@ -473,6 +496,11 @@ class _Constraints:
     @property
     def A(self) -> np.ndarray:
         return self._A[: self.M]
+
+    @property
+    def A32(self) -> np.ndarray:
+        """:attr:`A` rounded to float32: the moves' velocity products (:meth:`_Splitter.moves`)."""
+        return self._A32[: self.M]
 
     @property
     def shift(self) -> np.ndarray:
@@ -501,7 +529,9 @@ class _Constraints:
         """
         new = object.__new__(_Constraints)
         new.cone, new.cap, new.M = self.cone, self.cap, self.M
+        new.gram_buffer = self.gram_buffer
         new._ids, new._A, new._gram = self._ids, self._A, self._gram  # rows past M: not its own
+        new._A32 = self._A32
         new.in_S = self.in_S.copy()  # |V| bools: a later row of this set is not the copy's
         new._shift = np.full_like(self._shift, np.inf)
         new.frozen = True
@@ -513,16 +543,21 @@ class _Constraints:
             return
         new = min(self.cap, max(need, 2 * size, 256))
         k = self._A.shape[1]
-        for name, shape in (("_A", (new, k)), ("_shift", (new,)), ("_ids", (new,))):
+        for name, shape in (("_A", (new, k)), ("_A32", (new, k)), ("_shift", (new,)), ("_ids", (new,))):
             old = getattr(self, name)
             buf = np.zeros(shape, dtype=old.dtype)
             buf[: self.M] = old[: self.M]
             setattr(self, name, buf)
         if self._gram is not None and self._gram.shape[0] < new:
             # allocated once at full capacity: np.zeros maps untouched pages lazily, so only the
-            # used corner costs memory, and no copy is made as the set grows
-            buf = np.zeros((self.cap, self.cap))
-            buf[: self.M, : self.M] = self._gram[: self.M, : self.M]
+            # used corner costs memory, and no copy is made as the set grows; with a
+            # _GramBuffer, the call's one buffer (its corner is written as rows join)
+            if self.gram_buffer is not None and self.cap <= MAX_GRAM:
+                buf = self.gram_buffer.get(self.cap)
+            else:
+                buf = np.zeros((self.cap, self.cap))
+            if buf is not self._gram:
+                buf[: self.M, : self.M] = self._gram[: self.M, : self.M]
             self._gram = buf
 
     def add(self, ids: np.ndarray) -> int:
@@ -538,6 +573,7 @@ class _Constraints:
         M0, M1 = self.M, self.M + n
         rows = self.cone.rows(ids)
         self._A[M0:M1] = rows
+        self._A32[M0:M1] = rows
         self._shift[M0:M1] = np.inf
         self._ids[M0:M1] = ids
         if self._gram is not None:
@@ -631,7 +667,7 @@ class _Splitter:
                  level_prob: float, n_moves: int, move: str, working: bool, full_check: bool,
                  max_constraints: int, probe_k: int, n_probes: int, min_full_fraction: float,
                  max_levels: int, initial: _Constraints | None = None,
-                 known: np.ndarray | None = None):
+                 known: np.ndarray | None = None, gram_buffer: _GramBuffer | None = None):
         self.cone, self.rng = cone, rng
         self.n_moves, self.move, self.working, self.full_check = n_moves, move, working, full_check
         self.max_constraints, self.probe_k = max_constraints, probe_k
@@ -653,7 +689,7 @@ class _Splitter:
             # capped at max_constraints, the rows past it were dropped (a cone too wide, and
             # "two-sided" all the same: -4.9 instead of -6.93 nats for 4,511 rows at the cap)
             self.cs = _Constraints(cone, max_constraints if working else cone.n_constraints,
-                                   gram=(move == "hmc"))
+                                   gram=(move == "hmc"), gram_buffer=gram_buffer)
             if not working:
                 self.cs.add(cone.all_constraints())
         self.known = np.zeros(0, dtype=np.int64) if known is None else known
@@ -714,7 +750,11 @@ class _Splitter:
         cap = _bounce_cap(cs.M, self.k)
         for _ in range(self.n_moves):
             nu = rng.standard_normal((n, self.k))
-            Q = np.ascontiguousarray(nu @ cs.A.T)
+            # the velocities' constraint values in float32 (half the time of float64): their
+            # relative error, ~1e-7, is the decoder's own float32 precision, and it only moves
+            # the trajectory's reflection times by as much (the chains' positions and
+            # constraint values stay float64)
+            Q = np.matmul(nu.astype(np.float32), cs.A32.T).astype(np.float64)
             if self.move == "hmc":
                 b = _rare_kernels.hmc_trajectories(X, nu, P, Q, cs.A, cs.gram, cs.shift, t, cap)
                 if n and np.count_nonzero(b >= cap) > MAX_REJECTED * n:
@@ -1214,7 +1254,8 @@ class ConeSetup:
     ----------
     W32 : numpy.ndarray of float32, shape (V, d)
         ``W`` scaled by a power of two so that ``max|W|`` lies in [0.5, 1) (exact; a bias-free
-        decoder's cones do not change with the scale of ``W``).
+        decoder's cones do not change with the scale of ``W``); a float32 ``W`` with
+        ``max|W|`` within ``2^+-UNSCALED_RANGE`` of that is ``W`` itself, not a copy.
     WG32 : numpy.ndarray of float32, shape (V, k)
         ``W32 G_r``, ``G_r = U_r diag(s_r)`` the range of ``G`` scaled by a power of two
         (``W32`` itself when ``G`` is None).
@@ -1257,11 +1298,14 @@ def prepare_cones(W, G=None) -> ConeSetup:
     # by a power of two (exact), so float32 and its products neither overflow nor underflow at
     # any scale of the data (W * 1e30 used to give every share 0). A float32 W is scaled in
     # float32 (ldexp rounds a subnormal result as the cast of the exact float64 product does:
-    # the same array, without two float64 copies of it, 0.7 s for SmolLM2)
+    # the same array, without two float64 copies of it, 0.7 s for SmolLM2). Within
+    # UNSCALED_RANGE of unit scale a float32 W is used as it is: a power of two changes no
+    # float32 product or sum there (none overflows or becomes subnormal), so the cones are the
+    # same draw for draw, and no copy of W is made (SmolLM2's 113 MB: 0.6 s of page faults here)
     w_max = max(float(Wc.max()), -float(Wc.min())) if Wc.size else 0.0  # no |W| temporary
     shift = -math.frexp(w_max)[1] if w_max > 0.0 else 0
     if Wc.dtype == np.float32:
-        W32 = np.ascontiguousarray(np.ldexp(Wc, shift) if shift else Wc.copy())
+        W32 = Wc if abs(shift) <= UNSCALED_RANGE else np.ascontiguousarray(np.ldexp(Wc, shift))
     else:
         W32 = np.ascontiguousarray(np.ldexp(np.asarray(Wc, dtype=np.float64), shift), dtype=np.float32)
     V, d = W32.shape
@@ -1305,6 +1349,7 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
     out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "log_check_fraction", "seconds")}
     tallies = {name: np.zeros(T, dtype=np.int64) for name in ("n_levels", "n_constraints_used", "n_full_checks", "n_runs")}
     side = np.empty(T, dtype=object)
+    gram_buffer = _GramBuffer()  # reused by every token's working set
     for i, t in enumerate(tqdm(tokens, desc="cone measures", unit="tok", disable=not progress)):
         t0 = time.perf_counter()
         cone = _Cone(WG32, row_sq, W32, int(t))
@@ -1321,7 +1366,8 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
             side[i] = "exact" if lp > -np.inf else "empty"
         else:
             estimate = _token_runs(cone, _token_seed(root, int(t)), settings, move=move,
-                                   working_set=working_set, full_check=full_check)
+                                   working_set=working_set, full_check=full_check,
+                                   gram_buffer=gram_buffer)
             side[i] = _store_token(i, *estimate, out=out, tallies=tallies, confidence=confidence)
         out["seconds"][i] = time.perf_counter() - t0
     return ConeMeasure(
@@ -1335,7 +1381,7 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
 
 
 def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *, move: str,
-                working_set, full_check: bool) -> tuple:
+                working_set, full_check: bool, gram_buffer: _GramBuffer | None = None) -> tuple:
     """The splitting runs of one non-empty cone (:func:`measure_cones`): one run, and with
     ``target_se`` more until the error is reached, the cap is, or a run ends empty or unresolved.
 
@@ -1389,7 +1435,7 @@ def _token_runs(cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
     second-order effect at these run counts.
     """
     return _TokenRuns(cone, seed_t, settings, move=move, working_set=working_set,
-                      full_check=full_check).run()
+                      full_check=full_check, gram_buffer=gram_buffer).run()
 
 
 #: Sides of a run that measured the cell (its estimate counts), and of one that stopped the
@@ -1403,7 +1449,9 @@ class _TokenRuns:
     working set and known rows that the next runs start from (set by the pilot)."""
 
     def __init__(self, cone: _Cone, seed_t: np.random.SeedSequence, settings: tuple, *,
-                 move: str, working_set, full_check: bool):
+                 move: str, working_set, full_check: bool,
+                 gram_buffer: _GramBuffer | None = None):
+        self.gram_buffer = gram_buffer
         (self.n_chains, self.n_groups, self.level_prob, self.n_moves, self.max_constraints,
          self.probe_k, self.n_probes, self.min_full_fraction, self.max_levels, _,
          self.target_se, self.max_runs) = settings
@@ -1440,7 +1488,8 @@ class _TokenRuns:
             max_levels=self.max_levels,
             min_full_fraction=(max(self.min_full_fraction, PILOT_MIN_FULL) if pilot
                                else self.min_full_fraction),
-            initial=None if self.initial is None else self.initial.copy(), known=self.known)
+            initial=None if self.initial is None else self.initial.copy(), known=self.known,
+            gram_buffer=self.gram_buffer)
 
     def batch(self, j: int, blocks: int = 1) -> None:
         """Run ``j`` of ``blocks`` blocks (:func:`_drive_batch`); then, with a working set, the

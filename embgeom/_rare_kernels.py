@@ -248,6 +248,68 @@ def scan_smallest_margins(WG, X, zt, inv_norm, best_val, best_idx):
                 best_idx[i, pos] = j
 
 
+@njit("float64(float64, float64, float64, float64)", inline="always")
+def _crossing(p, q, c, tmin):
+    """The time ``t`` in ``(1e-12, tmin)`` at which ``p cos t + q sin t + c`` first falls to 0
+    from inside, or -1 (:func:`hmc_trajectories`). The sqrt-free tests skip only constraints
+    that the exact tests (``R > c`` and the bound ``(p + c) / R``) skip too: their margin of
+    1e-9 is far above the round-off of ``R``, so the kernel finds the same walls as one that
+    took every square root."""
+    R2 = p * p + q * q
+    if c * c >= R2 * (1.0 + 1e-9):  # R <= c: never crossed (c = inf: switched off)
+        return -1.0
+    pc = p + c
+    if pc > 0.0 and pc * pc >= (tmin * tmin) * R2 * (1.0 + 1e-9):  # not before tmin
+        return -1.0
+    R = math.sqrt(R2)
+    if not R > c:
+        return -1.0
+    # |d/dt (a_s . x(t))| <= R: no crossing before (p + c) / R
+    if pc >= tmin * R:
+        return -1.0
+    t = math.atan2(q, p) + math.acos(-c / R)
+    if t < 0.0:
+        t += _TWO_PI
+    elif t >= _TWO_PI:
+        t -= _TWO_PI
+    if t > 1e-12 and t < tmin:
+        return t
+    return -1.0
+
+
+@njit("Tuple((float64, int64))(float64[::1], float64[::1], float64[::1], float64)", inline="always")
+def _first_crossing(Pi, Qi, shift, left):
+    tmin = left
+    jmin = -1
+    for s in range(Pi.shape[0]):
+        t = _crossing(Pi[s], Qi[s], shift[s], tmin)
+        if t >= 0.0:
+            tmin = t
+            jmin = s
+    return tmin, jmin
+
+
+@njit("Tuple((float64, int64))(float64[::1], float64[::1], float64[::1], float64, float64, "
+      "float64, float64[:], float64)", inline="always")
+def _rotate_reflect_cross(Pi, Qi, shift, ct, st, refl, gram_j, left):
+    """Rotate the constraint values by the angle of ``(ct, st)``, reflect the velocity values
+    (``q_s -= refl (a_s . a_j)``) and find the next wall within ``left``, in one pass."""
+    tmin = left
+    jmin = -1
+    for s in range(Pi.shape[0]):
+        p = Pi[s]
+        q = Qi[s]
+        pn = p * ct + q * st
+        qn = q * ct - p * st - refl * gram_j[s]
+        Pi[s] = pn
+        Qi[s] = qn
+        t = _crossing(pn, qn, shift[s], tmin)
+        if t >= 0.0:
+            tmin = t
+            jmin = s
+    return tmin, jmin
+
+
 @njit("int64[::1](float64[:, ::1], float64[:, ::1], float64[:, ::1], float64[:, ::1], "
       "float64[:, ::1], float64[:, :], float64[::1], float64, int64)", nogil=True)
 def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
@@ -309,57 +371,40 @@ def hmc_trajectories(X, Vel, P, Q, A, gram, shift, duration, max_bounces):
             x0[j] = X[i, j]
         for s in range(M):
             p0[s] = P[i, s]
+        Pi, Qi = P[i], Q[i]
+        tmin, jmin = _first_crossing(Pi, Qi, shift, left)
         while True:
-            tmin = left
-            jmin = -1
-            for s in range(M):
-                c = shift[s]
-                p = P[i, s]
-                q = Q[i, s]
-                R = math.sqrt(p * p + q * q)
-                if not R > c:
-                    continue
-                # |d/dt (a_s . x(t))| <= R: no crossing before (p + c) / R; skip the trig if
-                # that is already past the earliest crossing found
-                if p + c >= tmin * R:
-                    continue
-                t = math.atan2(q, p) + math.acos(-c / R)
-                if t < 0.0:
-                    t += _TWO_PI
-                elif t >= _TWO_PI:
-                    t -= _TWO_PI
-                if t > 1e-12 and t < tmin:
-                    tmin = t
-                    jmin = s
             ct = math.cos(tmin)
             st = math.sin(tmin)
-            for s in range(M):
-                p = P[i, s]
-                q = Q[i, s]
-                P[i, s] = p * ct + q * st
-                Q[i, s] = q * ct - p * st
             for j in range(k):
                 x = X[i, j]
                 v = Vel[i, j]
                 X[i, j] = x * ct + v * st
                 Vel[i, j] = v * ct - x * st
             left -= tmin
-            if jmin < 0:
-                break
-            qj = Q[i, jmin]
-            if qj < 0.0:
+            if jmin < 0:  # no wall before the end: rotate to it
                 for s in range(M):
-                    Q[i, s] -= 2.0 * qj * gram[jmin, s]
+                    p = Pi[s]
+                    q = Qi[s]
+                    Pi[s] = p * ct + q * st
+                    Qi[s] = q * ct - p * st
+                break
+            # the wall's velocity value at the hit, reflected when it points outwards
+            qj = Qi[jmin] * ct - Pi[jmin] * st
+            refl = 2.0 * qj if qj < 0.0 else 0.0
+            if refl != 0.0:
                 for j in range(k):
-                    Vel[i, j] -= 2.0 * qj * A[jmin, j]
+                    Vel[i, j] -= refl * A[jmin, j]
             bounces[i] += 1
             if bounces[i] >= max_bounces and left > 0.0:
                 # rejected: back to the start (an exact move, see max_bounces)
                 for j in range(k):
                     X[i, j] = x0[j]
                 for s in range(M):
-                    P[i, s] = p0[s]
+                    Pi[s] = p0[s]
                 break
+            # one pass: rotate to the hit, reflect, and look for the next wall
+            tmin, jmin = _rotate_reflect_cross(Pi, Qi, shift, ct, st, refl, gram[jmin], left)
             if not left > 0.0:
                 break
     return bounces

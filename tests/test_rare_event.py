@@ -902,3 +902,35 @@ def test_unmet_target_se_warns_and_says_how_many():
         r = log_cone_gaussian_measure(W, [0], n_chains=16, n_groups=4, target_se=0.01,
                                       max_runs=1, seed=3)
     assert r.std_err[0] > 0.01
+
+
+def test_float32_W_near_unit_scale_is_used_as_it_is():
+    """A float32 W within 2^+-16 of unit scale is not copied to be rescaled (prepare_cones), and
+    one far from it is: either way a power of two changes no share, draw for draw."""
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((60, 6))
+    W = (3.0 * W / np.linalg.norm(W, axis=1, keepdims=True)).astype(np.float32)  # all argmaxable
+    assert _rare_event.prepare_cones(W).WG32 is W  # max|W| in [1, 4): no copy
+    assert _rare_event.prepare_cones(W * np.float32(2.0**-40)).WG32 is not W
+    ref = log_cone_gaussian_measure(W, [0, 5, 9], n_chains=64, seed=1).log_share
+    assert np.all(np.isfinite(ref))
+    for s in (2.0**-40, 2.0**-10, 2.0**12, 2.0**40):
+        r = log_cone_gaussian_measure(W * np.float32(s), [0, 5, 9], n_chains=64, seed=1).log_share
+        np.testing.assert_array_equal(r, ref)
+
+
+def test_tokens_measured_together_equal_tokens_alone():
+    """The working sets of one call's tokens share one Gram buffer (_GramBuffer), each token
+    overwriting the last one's corner: a token's figures must not depend on the tokens measured
+    before it in the same call. 2,500 rows, so every cone has a working set (over 2,048)."""
+    rng = np.random.default_rng(4)
+    W = rng.standard_normal((2500, 6))
+    W = (W / np.linalg.norm(W, axis=1, keepdims=True)).astype(np.float32)  # every cell non-empty
+    tokens = [7, 1200, 33, 2499]
+    together = log_cone_gaussian_measure(W, tokens, n_chains=64, seed=5, target_se=0.3)
+    assert np.all(together.n_constraints_used > 0) and np.all(np.isfinite(together.log_share))
+    for i, t in enumerate(tokens):
+        alone = log_cone_gaussian_measure(W, [t], n_chains=64, seed=5, target_se=0.3)
+        assert alone.log_share[0] == together.log_share[i]
+        assert alone.std_err[0] == together.std_err[i]
+        assert alone.n_runs[0] == together.n_runs[i]

@@ -59,3 +59,72 @@ def test_copies_with_bias_and_pickle():
     z[:, 5:9] = -np.inf  # exact copies never win
     np.testing.assert_array_equal(t, np.argmax(z, axis=1))
     assert (t == 9).any()  # the bias-shifted copy of row 4 does win where it should
+
+
+def _distinct_rows_reference(W, bias=None):
+    """Per token, the lowest id with the same bytes (``-0.0`` as ``+0.0``): a dict of row bytes."""
+    key = np.ascontiguousarray(W + np.float32(0.0))
+    if bias is not None:
+        key = np.hstack([key, (np.asarray(bias, np.float32) + np.float32(0.0))[:, None]])
+    seen, rep = {}, []
+    for t, row in enumerate(key):
+        rep.append(seen.setdefault(row.tobytes(), t))
+    rep = np.array(rep, dtype=np.int64)
+    return np.flatnonzero(rep == np.arange(rep.size)), rep
+
+
+def _rows_with_copies(seed=0, n=300, d=17):
+    """Rows with exact copies, a -0.0 copy of a +0.0 row, and rows one word (or one bit) apart."""
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((n, d)).astype(np.float32)
+    W[rng.integers(0, n, 40)] = W[rng.integers(0, n, 40)]  # exact copies, any order of ids
+    W[7, 3], W[8] = 0.0, W[7]
+    W[8, 3] = -0.0  # equal to row 7 under the decoder's arithmetic
+    W[9] = W[10]
+    W[9, 0] = np.nextafter(W[10, 0], np.float32(np.inf))  # one ulp apart: distinct
+    W[11] = -W[12]  # sign bits only
+    return W
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_distinct_rows_is_the_bytewise_grouping(with_bias):
+    from embgeom.cells import distinct_rows
+
+    W = _rows_with_copies()
+    bias = None
+    if with_bias:
+        bias = np.zeros(W.shape[0], np.float32)
+        bias[[20, 21]] = 1.0  # breaks any copy among them
+        bias[8] = -0.0
+    uniq, rep = distinct_rows(W, bias)
+    ref_uniq, ref_rep = _distinct_rows_reference(W, bias)
+    np.testing.assert_array_equal(rep, ref_rep)
+    np.testing.assert_array_equal(uniq, ref_uniq)
+    assert rep[8] == 7 and rep[9] == 9 and rep[11] == 11
+    assert uniq.size < W.shape[0] - 20  # the copies were found
+
+
+def test_distinct_rows_resolves_hash_collisions_exactly(monkeypatch):
+    """Every row hashed alike (the worst collision) still groups the rows bytewise."""
+    from embgeom.cells import _rows, distinct_rows
+
+    W = _rows_with_copies(seed=1)
+    expect = _distinct_rows_reference(W)
+    monkeypatch.setattr(_rows, "_row_hashes", lambda words: np.zeros(words.shape[0], np.uint64))
+    uniq, rep = distinct_rows(W)
+    np.testing.assert_array_equal(rep, expect[1])
+    np.testing.assert_array_equal(uniq, expect[0])
+
+
+def test_row_hash_separates_rows_one_word_apart():
+    from embgeom.cells._rows import _row_hashes
+
+    rng = np.random.default_rng(2)
+    words = rng.integers(0, 2**32, size=(1, 64), dtype=np.uint64).astype(np.uint32)
+    variants = np.repeat(words, 64 * 3, axis=0)
+    for i in range(64):  # the sign bit, the lowest bit and a whole word changed
+        variants[3 * i, i] ^= np.uint32(1 << 31)
+        variants[3 * i + 1, i] ^= np.uint32(1)
+        variants[3 * i + 2, i] = ~variants[3 * i + 2, i]
+    h = _row_hashes(np.vstack([words, variants]))
+    assert np.unique(h).size == h.size

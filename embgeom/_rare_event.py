@@ -1333,12 +1333,13 @@ def prepare_cones(W, G=None) -> ConeSetup:
 
 def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequence,
                   settings: tuple, *, move: str, working_set, full_check: bool,
-                  progress: bool = False) -> ConeMeasure:
+                  progress: bool = False, gram_buffer: _GramBuffer | None = None) -> ConeMeasure:
     """The per-token loop of :func:`log_cone_gaussian_measure` on a prepared set-up.
 
     ``tokens`` are checked ids (int64, :func:`_check_tokens`), ``settings`` the tuple of
     :func:`_check_settings`; token ``t`` draws from child ``t`` of ``root`` (its extra runs from
-    that child's children).
+    that child's children). ``gram_buffer``: a :class:`_GramBuffer` to reuse (a pool worker's,
+    kept between its tasks); a new one by default. It changes no result.
     """
     from tqdm.auto import tqdm
 
@@ -1349,7 +1350,8 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
     out = {name: np.full(T, np.nan) for name in ("log_share", "log_lower", "log_upper", "std_err", "log_check_fraction", "seconds")}
     tallies = {name: np.zeros(T, dtype=np.int64) for name in ("n_levels", "n_constraints_used", "n_full_checks", "n_runs")}
     side = np.empty(T, dtype=object)
-    gram_buffer = _GramBuffer()  # reused by every token's working set
+    if gram_buffer is None:
+        gram_buffer = _GramBuffer()  # reused by every token's working set
     for i, t in enumerate(tqdm(tokens, desc="cone measures", unit="tok", disable=not progress)):
         t0 = time.perf_counter()
         cone = _Cone(WG32, row_sq, W32, int(t))

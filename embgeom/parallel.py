@@ -349,6 +349,12 @@ def _n_cpus() -> int:
 _WORKER: dict = {}
 
 
+def worker_state() -> dict | None:
+    """The dict that a :class:`LocalExecutor` pool worker keeps between its tasks (buffers a
+    task may reuse), or ``None`` outside a pool worker (a serial run keeps nothing)."""
+    return _WORKER.setdefault("state", {}) if "fn" in _WORKER else None
+
+
 def _init_worker(fn, names, values, threads: int) -> None:
     """Initialiser of a :class:`LocalExecutor` pool worker: keep the map's function and shared
     values, and limit the worker's BLAS/OpenMP threads (so ``n_jobs`` workers do not fight over
@@ -365,7 +371,68 @@ def _init_worker(fn, names, values, threads: int) -> None:
         _WORKER["limits"] = threadpool_limits(limits=threads)  # libraries loaded already
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         pass
+    if isinstance(values, _Mapped):
+        values = values.load()
     _WORKER.update(fn=fn, names=names, values=values)
+
+
+#: Arrays of at least this many bytes among a pool's shared values reach its workers as
+#: read-only memory maps of one file each (joblib's ``max_nbytes`` default, 1 MB), not pickled
+#: into every worker: SmolLM2's 113 MB ``W`` took about 1 s to cross to two workers, 0.04 s
+#: this way.
+MMAP_MIN_BYTES = 1 << 20
+
+
+def _open_array(path: str) -> np.ndarray:
+    """A read-only array on the ``.npy`` file ``path``, memory-mapped (a plain ndarray view)."""
+    return np.asarray(np.load(path, mmap_mode="r"))
+
+
+class _Mapped:
+    """Shared values pickled with their large arrays (:data:`MMAP_MIN_BYTES`) written to ``.npy``
+    files in ``folder`` (in ``/dev/shm`` where it exists) and reduced to :func:`_open_array`:
+    every worker maps the same pages. The files are read-only to the workers and removed by
+    :meth:`close` when the pool is done."""
+
+    def __init__(self, values):
+        import io
+        import os
+        import pickle
+        import tempfile
+
+        shm = "/dev/shm"
+        self.folder = tempfile.mkdtemp(prefix="embgeom-pool-",
+                                       dir=shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None)
+        self.n_mapped = 0
+        folder, mapped = self.folder, self
+
+        class _Pickler(pickle.Pickler):
+            def reducer_override(self, obj):
+                if (type(obj) is np.ndarray and obj.nbytes >= MMAP_MIN_BYTES
+                        and obj.dtype.hasobject is False):
+                    path = os.path.join(folder, f"a{mapped.n_mapped}.npy")
+                    np.save(path, obj, allow_pickle=False)
+                    mapped.n_mapped += 1
+                    return _open_array, (path,)
+                return NotImplemented
+
+        buf = io.BytesIO()
+        try:
+            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(values)
+        except BaseException:
+            self.close()
+            raise
+        self.blob = buf.getvalue()
+
+    def load(self):
+        import pickle
+
+        return pickle.loads(self.blob)
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _pool_context(fn):
@@ -430,6 +497,18 @@ class LocalExecutor(Executor):
     def __repr__(self) -> str:
         return "LocalExecutor()" if self.n_jobs is None else f"LocalExecutor(n_jobs={self.n_jobs})"
 
+    def prepare(self, fn) -> None:
+        """Start the pool's process server now for a later map of ``fn``, so that its imports
+        (numpy, scipy, this package: about 2 s) overlap the caller's work before the map;
+        nothing for a serial executor or without ``forkserver``. Changes no result."""
+        if self.n_workers <= 1:
+            return
+        ctx = _pool_context(fn)
+        if ctx.get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+
     def map_keyed(self, fn, tasks, *, shared=None, kwargs=None, seed=None, on_result=None,
                   progress: bool = True, desc: str | None = None, num_cpus=None, num_gpus=None) -> dict:
         from tqdm.auto import tqdm
@@ -458,8 +537,9 @@ class LocalExecutor(Executor):
 
         ctx = _pool_context(fn)
         threads = max(1, _n_cpus() // workers)
+        mapped = _Mapped(values)  # large arrays as memory maps, not one pickle per worker
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                   initargs=(fn, names, values, threads))
+                                   initargs=(fn, names, mapped, threads))
         try:
             pending = {pool.submit(_worker_task, args, seeds[key], kwargs): key
                        for key, args in tasks.items()}
@@ -471,6 +551,7 @@ class LocalExecutor(Executor):
                     bar.update(1)
         finally:  # an error or an interrupt: drop the tasks not started, stop the workers
             pool.shutdown(wait=True, cancel_futures=True)
+            mapped.close()
 
 
 class RayExecutor(Executor):

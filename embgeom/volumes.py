@@ -719,6 +719,8 @@ def cell_volumes(
     estimator = "uniform" if method == "uniform" or why_not else "rare-event"
     logs = {}
     with executor_scope(executor, n_jobs) as ex:  # one scope (one Ray start) for both passes
+        if estimator == "rare-event" and hasattr(ex, "prepare"):
+            ex.prepare(_rare_event_chunk)  # the pool's server starts while the counts run
         out = ex.map_keyed(_count_blocks, tasks, shared={"decoder": decoder, "support": support},
                            kwargs={"directions": directions, "G32": G32, "root": root},
                            progress=progress, desc="cell volumes")
@@ -765,6 +767,8 @@ def cell_volumes(
 
 #: Most tokens per rare-event task (each token has its own seed, so the chunking changes no result).
 RARE_EVENT_CHUNK = 64
+#: Rare-event tasks per pool worker, at least (fewer tokens per task where needed).
+TASKS_PER_WORKER = 16
 
 
 def _ex_workers(executor) -> int:
@@ -774,18 +778,25 @@ def _ex_workers(executor) -> int:
 
 def _rare_event_chunk_size(n_ids: int, workers: int) -> int:
     """Tokens per rare-event task: :data:`RARE_EVENT_CHUNK`, or fewer so that a pool of
-    ``workers`` gets about four tasks each (token costs vary tenfold: small tasks balance the
-    load). Changes no result."""
+    ``workers`` gets about :data:`TASKS_PER_WORKER` tasks each (token costs vary tenfold: small
+    tasks balance the load, and a worker's tasks share one Gram buffer). Changes no result."""
     if workers <= 1:
         return RARE_EVENT_CHUNK
-    return max(1, min(RARE_EVENT_CHUNK, math.ceil(n_ids / (4 * workers))))
+    return max(1, min(RARE_EVENT_CHUNK, math.ceil(n_ids / (TASKS_PER_WORKER * workers))))
 
 
 def _rare_event_chunk(ids, *, cones, root, settings, kw):
     """One rare-event task: :func:`embgeom._rare_event.measure_cones` on a chunk of token ids,
     reading the cone set-up prepared once per call."""
+    from ._rare_event import _GramBuffer
+    from .parallel import worker_state
+
+    # a pool worker keeps one Gram buffer for all its tasks (a fresh one page-faults its used
+    # corner again: about 0.1 s per task); a serial call frees its buffer when it returns
+    state = worker_state()
+    gram = None if state is None else state.setdefault("rare_event_gram", _GramBuffer())
     return measure_cones(cones, np.asarray(ids, dtype=np.int64), root, settings, progress=False,
-                         **kw)
+                         gram_buffer=gram, **kw)
 
 
 def _concat_measures(parts: list) -> ConeMeasure:

@@ -223,6 +223,47 @@ def test_local_pool_gives_the_serial_results_in_task_order():
     assert one[0][1] == os.getpid()
 
 
+def _shared_view(i, *, W, small, seed):
+    """Reads a large and a small shared array in a pool worker: the row sum, whether the large one
+    is a read-only memory map of a file, and the worker's state dict between tasks."""
+    from embgeom.parallel import worker_state
+
+    state = worker_state()
+    state["tasks"] = state.get("tasks", 0) + 1
+    return float(W[i].astype(np.float64).sum() + small[i % small.size]), bool(W.flags.writeable), \
+        isinstance(W.base, np.memmap), state["tasks"], os.getpid()
+
+
+def test_local_pool_maps_large_shared_arrays_read_only_and_removes_their_files(tmp_path, monkeypatch):
+    import tempfile
+
+    from embgeom import parallel
+    from embgeom.parallel import worker_state
+
+    made = []
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(real(**kw)) or made[-1])
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((3000, 200)).astype(np.float32)  # 2.4 MB: above MMAP_MIN_BYTES
+    assert W.nbytes >= parallel.MMAP_MIN_BYTES
+    small = np.arange(5.0)
+    tasks = {i: (i,) for i in range(6)}
+    serial = LocalExecutor().map_keyed(_row_sums, tasks, shared={"W": W}, seed=3, progress=False)
+    pooled = LocalExecutor(n_jobs=2).map_keyed(_shared_view, tasks, shared={"W": W, "small": small},
+                                               seed=3, progress=False)
+    for i in tasks:
+        total, writeable, mapped, n_tasks, pid = pooled[i]
+        assert total == float(W[i].astype(np.float64).sum() + small[i % 5])
+        assert not writeable and mapped and pid != os.getpid()
+    # a worker's state dict lives between its tasks: its counts run 1, 2, ... per worker
+    by_pid = {}
+    for i in tasks:
+        by_pid.setdefault(pooled[i][4], []).append(pooled[i][3])
+    assert all(sorted(c) == list(range(1, len(c) + 1)) for c in by_pid.values())
+    assert serial and worker_state() is None  # the caller's process keeps no state
+    assert made and not any(os.path.exists(d) for d in made)  # the mapped files are gone
+
+
 def test_local_pool_propagates_a_task_error_and_limits_worker_threads():
     with pytest.raises(ValueError, match="task 2 failed on purpose"):
         LocalExecutor(n_jobs=2).map_keyed(_fails_at, {i: (i,) for i in range(4)}, kwargs={"bad": 2},

@@ -26,6 +26,7 @@ from embgeom.report import (
 )
 from embgeom.report._markdown import md_table
 from embgeom.supports import Ball, Box, clopper_pearson_lower
+from embgeom.volumes import cell_volumes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -384,6 +385,20 @@ def test_report_end_to_end_on_a_tiny_model(tiny_loaded, tmp_path):
     # the estimated tokens' log-shares are saved next to the figures, as the section says
     z = np.load(out / disk["cells"]["log_shares_path"])
     assert z["token_ids"].size == disk["cells"]["n_estimated"]
+    # each share says which estimator made it, as the CellVolumes does
+    assert set(z["token_method"]) <= {"rare-event", "uniform", "exact", "empty"}
+    # the bounds table calls a ratio over a not-converged C_emp what it is: an upper bound
+    assert "| C / C_emp (at most) |" in md
+    # lambda names the support its cell shares come from and their budget; when the bound's
+    # support is another, the line says so
+    lam = ans["lambda"]
+    assert lam["support"] == disk["cells"]["support"]
+    if lam["usable"]:
+        l_line = next(line for line in ans["lines"] if line.startswith("- **lambda**"))
+        assert f"from the cell shares in support `{lam['support']}`" in l_line
+        assert "chains per run" in l_line and lam["budget"] in l_line
+        assert (f"the bound's support is `{ans['bound']['support']}`" in l_line) == (
+            ans["bound"]["support"] != lam["support"])
     assert np.all(z["log_lower"][np.isfinite(z["log_shares"])] <= z["log_shares"][np.isfinite(z["log_shares"])])
     # one-line tables, no all-empty column
     for ln in md.splitlines():
@@ -446,6 +461,10 @@ def test_report_end_to_end_on_smollm2(smollm2, tmp_path):
     assert r["token_sample"] and r["zero_fill"] == "none" and 0 < r["n_tokens_used"] < 49152
     assert r["rate_ci"][0] <= b["rate_lambda"] <= r["rate_ci"][1]
     assert ans["lambda"]["usable"] and b["rate_lambda"] > math.log(49152)
+    # ... and the answer says whose shares they are: the origin ball's, not the bound's shell
+    l_line = next(line for line in ans["lines"] if line.startswith("- **lambda**"))
+    assert "from the cell shares in support `ball_origin` (a seeded sample of " in l_line
+    assert "the bound's support is `final_norm`, whose shares may differ" in l_line
     assert "ball" in ans["paper_vs_rigorous"] or "final_norm" in ans["paper_vs_rigorous"]
     assert b["n_star"]["m"][:3] == [1, 2, 3]
     np.testing.assert_allclose(b["n_star"]["cube"][:3], b["slope"]["cube"] * np.arange(1, 4))
@@ -566,3 +585,18 @@ def test_linear_law_draws_close_slopes_as_one_band_and_lists_each(monkeypatch, t
     listing = [t.get_text() for t in ax.texts if t.get_text().startswith("valid supports")][0]
     assert listing.splitlines()[1:] == ["  ball: 298.4", "  box: 305", "  ellipsoid: 318.2"]
     np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), 298.4 * np.arange(1, 9))
+
+
+def test_cell_histogram_title_names_the_splitting_budget_that_ran():
+    """Under cell_volumes' default target_se the tokens take several blocks of chains; the
+    title said "128 chains per token" whatever ran (a new user's trial)."""
+    W = np.random.default_rng(0).standard_normal((40, 4)).astype(np.float32)
+    ball = Ball.from_params(np.zeros(4), 1.0)
+    cv = cell_volumes(Decoder(W), ball, 500, seed=0, method="rare-event", progress=False)
+    runs = cv.extra["rare_event_n_runs"][cv.token_method == "rare-event"]
+    title = cv.histogram().get_title()
+    assert "runs of 128 chains until se 0.12 nats" in title
+    assert f"({runs.min()}-{runs.max()} blocks per token, pilot included)" in title
+    one = cell_volumes(Decoder(W), ball, 500, seed=0, method="rare-event", progress=False,
+                       target_se=None)
+    assert "one run of 128 chains per token" in one.histogram().get_title()

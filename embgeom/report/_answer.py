@@ -58,7 +58,8 @@ def build_answer(model: dict, supports: dict, cells: dict, bounds: dict, *,
         ``model`` (str), ``bound`` (``support``, ``kind``, ``slope`` (tokens per prompt vector),
         ``log_packing`` (nats), ``eps``, ``sentence``; None when no support is valid),
         ``rejected`` (list of ``{"support", "reason"}``), ``lambda`` (``value``, ``usable``,
-        ``note``, ``refined_slope``), ``c_emp`` (``measured``, ``value``, ``lower``, ``upper``,
+        ``note``, ``refined_slope``, ``support``: the support whose cell shares it comes from,
+        ``budget``: their estimator and budget, :func:`splitting_budget`), ``c_emp`` (``measured``, ``value``, ``lower``, ``upper``,
         ``source``, ``ratio``), ``unargmaxable`` (``count`` (None when not scanned),
         ``n_duplicates``, ``sentence``), ``paper_vs_rigorous`` (sentence or None) and ``lines``
         (the block as markdown bullet lines).
@@ -90,8 +91,12 @@ def build_answer(model: dict, supports: dict, cells: dict, bounds: dict, *,
             rejected.append({"support": k, "reason": _rejection(k, e)})
     ans["rejected"] = rejected
     lam = bounds.get("rate_lambda")
+    from ._cells import splitting_budget
+
     ans["lambda"] = {"value": lam, "usable": bool(bounds.get("lambda_usable")),
                      "note": bounds.get("lambda_note"),
+                     "support": cells.get("support"),
+                     "budget": splitting_budget(cells.get("volumes") or {}),
                      "refined_slope": (bounds["slope_refined"].get(tight)
                                        if tight and bounds.get("lambda_usable") else None)}
     ce = bounds.get("c_emp")
@@ -155,15 +160,17 @@ def answer_lines(ans: dict, bounds: dict) -> list[str]:
         lines.append(f"- **lambda**: not computed ({lam['note']}).")
     elif lam["usable"]:
         lines.append(f"- **lambda** = {lam['value']:.4g} nats/token (log|V| = "
-                     f"{bounds['log_vocab']:.4g}); refined slope C log|V| / lambda = "
-                     f"{fmt(lam['refined_slope'])} tokens per prompt vector for typical "
-                     "sequences (a heuristic, not a counting bound).")
+                     f"{bounds['log_vocab']:.4g}){_lambda_source(lam, ans['bound'])}; refined "
+                     f"slope C log|V| / lambda = {fmt(lam['refined_slope'])} tokens per prompt "
+                     "vector for typical sequences (a heuristic, not a counting bound).")
     else:
         lines.append(f"- **lambda**: not usable ({lam['note']}; the value would be "
                      f"{lam['value']:.4g} nats/token). The bound above uses log|V|.")
     c = ans["c_emp"]
     if c["measured"]:
         iv = (f" [{fmt(c['lower'])}, {fmt(c['upper'])}]" if c.get("lower") is not None else "")
+        if not c.get("converged") and iv:  # an interval of the fit, beside a lower bound
+            iv = f" (fit 95%{iv})"
         ratio = c["ratio"]
         verdict = ("" if ratio is None else
                    " (>= 1: the bound holds)" if ratio >= 1 else " (< 1: the bound is broken)")
@@ -186,6 +193,21 @@ def answer_lines(ans: dict, bounds: dict) -> list[str]:
     if ans["paper_vs_rigorous"]:
         lines.append(f"- **Paper formula vs rigorous**: {ans['paper_vs_rigorous']}")
     return lines
+
+
+def _lambda_source(lam: dict, bound: dict | None) -> str:
+    """Where lambda comes from: the cells' support (named apart from the bound's when they
+    differ) and the shares' estimator and budget."""
+    sup = lam.get("support")
+    if not sup:
+        return ""
+    text = f", from the cell shares in support `{sup}`"
+    if lam.get("budget"):
+        text += f" ({lam['budget']})"
+    if bound and bound.get("support") and bound["support"] != sup:
+        text += (f"; the bound's support is `{bound['support']}`, whose shares may differ, which is "
+                 "one more reason the refined slope is a heuristic")
+    return text
 
 
 def answer_markdown(ans: dict) -> str:

@@ -90,8 +90,10 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
                          executor="local", vocabulary=None):
     """The cells section of the report: cell shares, the largest cells, unargmaxable tokens.
 
-    Writes ``cell_fractions.npy`` (float64 (|V|,)), ``cell_log_shares.npz`` (the estimated
-    tokens' ids and log-shares with their interval ends, nats), ``cell_histogram.png`` (the
+    Writes ``cell_fractions.npy`` (float64 (|V|,): the uniform pass's hit fractions ``k / n``,
+    which sum to 1; zero for tokens with no hit, whatever their rare-event share),
+    ``cell_log_shares.npz`` (the estimated tokens' ids, log-shares with their interval ends in
+    nats, and the estimator of each), ``cell_histogram.png`` (the
     per-token histogram) and ``cell_volumes.png`` (the rank plot of
     the log-shares, :func:`embgeom.report.figures.plot_cell_shares`) into ``out_dir``.
 
@@ -169,7 +171,8 @@ def cells_report_section(decoder: Decoder, support, n_samples: int, seed, out_di
     cv.histogram(path=hist)  # per-token histogram of the estimated log-shares (no zero-hit bar)
     np.savez(out / "cell_log_shares.npz", token_ids=np.flatnonzero(est),
              log_shares=shares["log_shares"][est], log_lower=shares["log_lower"][est],
-             log_upper=shares["log_upper"][est])
+             log_upper=shares["log_upper"][est],
+             token_method=np.asarray(cv.token_method)[est].astype(str))
     un = None
     if unargmaxable == "full":
         res = decoder.unargmaxable(max_lp=max_lp, lp_time_limit=lp_time_limit, progress=progress,
@@ -309,6 +312,28 @@ def unargmaxable_sentence(section: dict) -> str:
     return f"Unargmaxable tokens (exact scan): {n}: " + "; ".join(parts) + tail + "."
 
 
+def splitting_budget(vol: dict) -> str | None:
+    """The rare-event budget of a :meth:`CellVolumes.to_dict` as a phrase (None without one):
+    the token sample, how many tokens were split and how many counted, chains and runs."""
+    re_ = vol.get("rare_event") if isinstance(vol, dict) else None
+    if not re_:
+        return None
+    n_split, counted = int(re_.get("n_tokens", 0)), int(re_.get("n_by_counts") or 0)
+    ts = re_.get("token_sample")
+    if re_.get("sample_is_all"):
+        head = f"all {n_split + counted:,} tokens"
+    elif isinstance(ts, int):
+        head = f"a seeded sample of {ts:,} tokens"
+    else:
+        head = f"{n_split + counted:,} given tokens"
+    runs = ("one run per token" if re_.get("target_se") is None else
+            f"runs until a standard error of {re_['target_se']:g} nats, at most "
+            f"{re_.get('max_runs')}")
+    return (f"{head}: {n_split:,} by rare-event splitting ({re_.get('n_chains')} chains per "
+            f"run, {runs}, median 95% width {re_.get('median_interval_width', float('nan')):.2f}"
+            f" nats)" + (f", {counted:,} by their uniform count" if counted else ""))
+
+
 def cells_markdown(section: dict, support_name: str) -> str:
     """The cells section of report.md."""
     vol = section["volumes"]
@@ -317,7 +342,9 @@ def cells_markdown(section: dict, support_name: str) -> str:
     if n_est < V:
         shares = (f"Shares of the {V:,} decoder cells E_t (argmax of W h + b) in the "
                   f"`{support_name}` support: {section['estimator']} (each share checked "
-                  f"against the full W, 95% intervals), {section['n_unresolved']:,} of them "
+                  f"against the full W, 95% intervals"
+                  + (f"; {splitting_budget(vol)}" if splitting_budget(vol) else "")
+                  + f"), {section['n_unresolved']:,} of them "
                   "unresolved. The largest-cells table and the top-1% share below come from "
                   f"{vol.get('n_samples', 0):,} uniform samples (95% {vol.get('interval', '')} "
                   f"intervals): the largest 1% of cells hold {fmt(section['top1pct_share'])} of "

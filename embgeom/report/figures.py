@@ -256,7 +256,16 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
         info = (cv.extra or {}).get("rare_event")
         chains = info.get("n_chains") if isinstance(info, dict) else None
         n_counts = int((np.asarray(method) == "uniform").sum())
-        estimator = ("rare-event splitting" + (f", {chains} chains per token" if chains else "")
+        tse = info.get("target_se") if isinstance(info, dict) else None
+        runs = (cv.extra or {}).get("rare_event_n_runs")
+        if chains and tse is not None:  # a token's chains come in runs until its error is met
+            r = np.asarray(runs)[np.asarray(method) == "rare-event"] if runs is not None else None
+            budget = (f", runs of {chains} chains until se {tse:g} nats"
+                      + (f" ({int(r.min())}-{int(r.max())} blocks per token, pilot included)"
+                         if r is not None and r.size else ""))
+        else:
+            budget = f", one run of {chains} chains per token" if chains else ""
+        estimator = ("rare-event splitting" + budget
                      + (f"; {n_counts:,} big cells by their uniform count of "
                         f"{cv.n_samples:,} samples" if n_counts else ""))
     else:
@@ -489,19 +498,24 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     if measured:
         ce = float(c_emp["c_emp"])
         lo, hi = c_emp.get("c_emp_lower"), c_emp.get("c_emp_upper")
+        # n50 not shown to converge in the step budget: C_emp is a lower bound on the capacity
+        # and C / C_emp an upper bound on the bound's looseness (as the answer block says)
+        exact = bool(c_emp.get("converged")) or str(c_emp.get("source", "")).startswith("published")
+        rel, rel_ratio = ("=", "=") if exact else (">=", "<=")
         for a in axes:
             if pts[0]:
                 a.errorbar(pts[0], pts[1], yerr=pts[2], fmt="ko", capsize=3,
                            label="n50(m), cramming (95% bootstrap)")
-            a.plot(m, ce * m, "k-", lw=1.0, label=f"C_emp = {ce:.3g}"
-                   + (f" [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""))
+            a.plot(m, ce * m, "k-", lw=1.0, label=f"C_emp {rel} {ce:.3g}"
+                   + (f" (fit 95% [{lo:.3g}, {hi:.3g}])" if lo is not None and hi is not None else "")
+                   + ("" if exact else ", n50 not converged"))
         right = axes[1]
         right.set_xlim(0, m_max + 0.5)
         right.set_ylim(bottom=0)
         right.set_xlabel("prompt vectors m")
         right.set_ylabel("n50 (tokens)")
         right.set_title("Measured: n50 = C_emp m", fontsize=10)
-        txt = "\n".join(f"{k}: C / C_emp = {C / ce:.3g}"
+        txt = "\n".join(f"{k}: C / C_emp {rel_ratio} {C / ce:.3g}"
                          for k, C in sorted(slopes.items(), key=lambda kv: kv[1]))
         if txt:
             right.text(0.02, 0.98, txt, transform=right.transAxes, ha="left", va="top",

@@ -940,16 +940,82 @@ def _save_npz(path, arrays: dict, settings: dict) -> None:
 
 def _open_npz(path):
     """``np.load(path)`` of a ``.npz`` (no pickles), or ``ValueError`` naming ``path``."""
+    import zipfile
+
     try:
         z = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
-    except (ValueError, OSError):
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile):
+        # EOFError: an empty file; BadZipFile: a .npz cut short or not a zip at all
         raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes (not a numpy "
                          "archive)") from None
     if not isinstance(z, np.lib.npyio.NpzFile):
         raise ValueError(f"path: {path} is not a .npz of vocabulary_cell_volumes (a single array)")
     return z
+
+
+#: Arrays every ``.npz`` of :func:`vocabulary_cell_volumes` holds (``std_err`` came later and
+#: may be missing from older files).
+_VOCABULARY_ARRAYS = ("counts", "done", "log_fractions", "log_lower", "log_upper",
+                      "token_method", "n_runs")
+
+
+def _read_vocabulary_npz(path) -> tuple[dict, dict]:
+    """``(settings, arrays)`` of a ``.npz`` of :func:`vocabulary_cell_volumes`; any other file
+    (not a numpy archive, no or foreign settings, arrays missing or unreadable) is one
+    ``ValueError`` naming ``path`` (``FileNotFoundError`` when there is none)."""
+    import json
+    import zipfile
+    import zlib
+
+    z = _open_npz(path)
+    with z:
+        if "settings" not in z.files:
+            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (no settings)")
+        try:
+            settings = json.loads(str(z["settings"]))
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error):
+            settings = None  # not JSON (json.JSONDecodeError is a ValueError) or unreadable
+        if not isinstance(settings, dict):
+            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (its "
+                             "settings are not a JSON object)")
+        if settings.get("kind") != "vocabulary_cell_volumes":
+            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes")
+        missing = [k for k in _VOCABULARY_ARRAYS if k not in z.files]
+        if missing:
+            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (no "
+                             f"{', '.join(missing)})")
+        try:
+            arrays = {k: z[k] for k in z.files if k != "settings"}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise ValueError(f"path: {path} is not a readable file of vocabulary_cell_volumes "
+                             f"({type(e).__name__}: {e})") from None
+    return settings, arrays
+
+
+def _check_vocabulary_path(path) -> str:
+    """``path`` as a str, checked before any work: not empty, not a folder, in a folder that
+    exists (else the run would fail at its first save, after the whole uniform pass)."""
+    import os
+
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or path-like, got {type(path).__name__}") from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p:
+        raise ValueError("path: expected the .npz file to write, got an empty path")
+    if os.path.isdir(p):
+        raise ValueError(f"path: {p} is a folder; expected the .npz file to write (e.g. "
+                         f"{os.path.join(p, 'cells.npz')})")
+    folder = os.path.dirname(os.path.abspath(p))
+    if not os.path.exists(folder):
+        raise ValueError(f"path: the folder {folder} of {p} does not exist; create it first")
+    if not os.path.isdir(folder):
+        raise ValueError(f"path: {folder} (the folder of {p}) is not a folder")
+    return p
 
 
 def load_vocabulary_cell_volumes(path, decoder: Decoder | None = None, support=None) -> CellVolumes:
@@ -979,20 +1045,7 @@ def load_vocabulary_cell_volumes(path, decoder: Decoder | None = None, support=N
     ValueError
         Not a file of :func:`vocabulary_cell_volumes`, or made for another decoder or support.
     """
-    import json
-
-    z = _open_npz(path)
-    with z:
-        if "settings" not in z.files:
-            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (no settings)")
-        try:
-            settings = json.loads(str(z["settings"]))
-        except json.JSONDecodeError:
-            raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes (its "
-                             "settings are not JSON)") from None
-        a = {k: z[k] for k in z.files if k != "settings"}
-    if settings.get("kind") != "vocabulary_cell_volumes":
-        raise ValueError(f"path: {path} is not a file of vocabulary_cell_volumes")
+    settings, a = _read_vocabulary_npz(path)
     if (decoder is None) != (support is None):
         raise ValueError("decoder, support: pass both (to check that the file was made for "
                          "them) or neither")
@@ -1082,11 +1135,11 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
     ------
     TypeError, ValueError
         As :func:`cell_volumes`; a decoder with a bias or a support whose cells are not cones
-        through its centre; ``seed=None``; ``path`` holding a file of other settings (another
-        model, support, seed or budget: move it away).
+        through its centre; ``seed=None``; ``path`` empty, a folder, or in a folder that does not
+        exist; ``path`` holding a file that is not one of this function's, or one of other
+        settings (another model, support, seed or budget: move it away). All checked before
+        any work.
     """
-    import os
-
     if seed is None:
         raise ValueError("seed: expected an int >= 0 or a SeedSequence (a resumed run must draw "
                          "what the first one drew), got None")
@@ -1099,6 +1152,7 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
         target_se, rare_event_options,
         advice="vocabulary_cell_volumes splits every cell; for these cells use "
                "cell_volumes(..., method='uniform')")
+    path = _check_vocabulary_path(path)
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     if max_chunks is not None:
         max_chunks = check_positive_int(max_chunks, "max_chunks")
@@ -1110,9 +1164,10 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
                 "interval": interval, "rare_event_options": options, "chunk_size": chunk_size,
                 "support": type(support).__name__}
     t0 = time.perf_counter()
+    resumed = _vocabulary_resume(path, settings)  # a file of others is refused before any work
     with executor_scope(executor, n_jobs) as ex:
-        a, settings = _vocabulary_state(path, settings, decoder, support, n_samples, root, ex,
-                                        confidence, interval, progress)
+        a, settings = resumed if resumed is not None else _vocabulary_state(
+            path, settings, decoder, support, n_samples, root, ex, confidence, interval, progress)
         # the shares are those of the directions (the fingerprint takes G up to scale), the
         # volume is this support's: a resumed run with a rescaled support keeps the shares
         settings["support_log_volume"] = float(support.log_volume)
@@ -1138,31 +1193,34 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
             t0 = time.perf_counter()
             settings["n_done"] = int(a["done"].sum())
             settings["complete"] = bool(a["done"].all())
-            _save_npz(os.fspath(path), a, settings)
+            _save_npz(path, a, settings)
     return _vocabulary_result(a, settings)
 
 
-def _vocabulary_state(path, settings: dict, decoder, support, n_samples, root, ex, confidence,
-                      interval, progress):
-    """The arrays and settings of ``path`` when it is a run of these settings (resume), else a
-    fresh state with the uniform pass done and saved. ``ValueError`` for a file of others."""
+def _vocabulary_resume(path: str, settings: dict):
+    """``(arrays, settings)`` of the file at ``path`` when it is a run of these settings, None
+    when there is no file; ``ValueError`` naming ``path`` for any other file."""
     import json
     import os
 
     fixed = ("kind", "fingerprint", "n_tokens", "n_samples", "seed_entropy", "seed_spawn_key",
              "n_chains", "target_se", "confidence", "interval", "rare_event_options", "chunk_size")
-    if os.path.exists(path):
-        z = _open_npz(path)
-        with z:
-            old = json.loads(str(z["settings"])) if "settings" in z.files else {}
-            arrays = {k: z[k].copy() for k in z.files if k != "settings"}
-        # files written before the standard errors were kept: nan (read from the interval)
-        arrays.setdefault("std_err", np.full(arrays["counts"].size, np.nan, np.float32))
-        diff = [k for k in fixed if json.dumps(old.get(k)) != json.dumps(settings[k])]
-        if diff:
-            raise ValueError(f"path: {path} holds a run of other settings ({', '.join(diff)} "
-                             "differ); move it away or pass its settings")
-        return arrays, old
+    if not os.path.exists(path):
+        return None
+    old, arrays = _read_vocabulary_npz(path)
+    diff = [k for k in fixed if json.dumps(old.get(k)) != json.dumps(settings[k])]
+    if diff:
+        raise ValueError(f"path: {path} holds a run of other settings ({', '.join(diff)} "
+                         "differ); move it away or pass its settings")
+    # files written before the standard errors were kept: nan (read from the interval)
+    arrays.setdefault("std_err", np.full(arrays["counts"].size, np.nan, np.float32))
+    return arrays, old
+
+
+def _vocabulary_state(path: str, settings: dict, decoder, support, n_samples, root, ex,
+                      confidence, interval, progress):
+    """A fresh state of a run at ``path`` (no file there yet): the uniform pass done and
+    saved."""
     cv = cell_volumes(decoder, support, n_samples, root, confidence=confidence, interval=interval,
                       method="uniform", progress=progress, executor=ex)
     V = decoder.n_tokens
@@ -1173,7 +1231,7 @@ def _vocabulary_state(path, settings: dict, decoder, support, n_samples, root, e
               "std_err": np.full(V, np.nan, np.float32)}
     settings = {**settings, "support_log_volume": float(cv.support_log_volume), "n_done": 0,
                 "complete": False, "seconds": float(cv.seconds), "rare_event": {}}
-    _save_npz(os.fspath(path), arrays, settings)
+    _save_npz(path, arrays, settings)
     return arrays, settings
 
 

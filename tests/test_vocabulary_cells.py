@@ -170,3 +170,91 @@ def test_resume_over_a_foreign_file_and_the_above_target_count(tmp_path):
     split = np.isfinite(full.log_fractions) & (full.token_method == "rare-event")
     assert 0 < n1 < int(split.sum())
     assert full.extra["rare_event"]["n_tokens_above_target_se"] == int(split.sum())
+
+
+# ------------------------------------------------------------------ a new user's findings
+
+
+@pytest.fixture
+def no_uniform_pass(monkeypatch):
+    """Fails the test if the uniform pass starts: the refusals below come before any work."""
+    import embgeom.volumes as volumes
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the uniform pass ran before the path was checked")
+
+    monkeypatch.setattr(volumes, "cell_volumes", refuse)
+
+
+def test_a_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, no_uniform_pass,
+                                                                  monkeypatch):
+    """The trial's path in a missing folder failed after the whole uniform pass, with a raw
+    FileNotFoundError naming the internal temp file ``x.npz.tmp.npz``."""
+    import re
+
+    dec, ball = _case()
+    run = lambda p: vocabulary_cell_volumes(dec, ball, p, 2000, 0, progress=False)  # noqa: E731
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(ValueError, match=rf"^path: the folder {re.escape(str(missing))} of "
+                                         r".*x\.npz does not exist; create it first$"):
+        run(missing / "x.npz")
+    (tmp_path / "f").write_text("a file")
+    with pytest.raises(ValueError, match=r"^path: .*f \(the folder of .*x\.npz\) is not a folder"):
+        run(tmp_path / "f" / "x.npz")
+    with pytest.raises(ValueError, match=r"^path: .* is a folder; expected the \.npz file"):
+        run(tmp_path)
+    with pytest.raises(ValueError, match="^path: expected the .npz file to write, got an empty"):
+        run("")
+    with pytest.raises(TypeError, match="^path: expected a str or path-like, got int"):
+        run(3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing written
+    # a bare file name (no folder part: the current folder) gets as far as the work itself
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AssertionError, match="uniform pass ran"):
+        run("ok.npz")
+
+
+def test_a_foreign_file_at_path_is_refused_by_name_before_any_work(tmp_path, no_uniform_pass):
+    """The trial's ``np.savez(path, x=np.zeros(3))`` gave a raw ``KeyError: 'counts'``; each kind
+    of foreign file is one ValueError naming ``path``, from the run and the loader alike, and
+    the file is left as it was."""
+    import json
+
+    dec, ball = _case()
+    keys = ("counts", "done", "log_fractions", "log_lower", "log_upper", "token_method", "n_runs")
+    setting = lambda s: np.array(s if isinstance(s, str) else json.dumps(s))  # noqa: E731
+    np.savez(tmp_path / "x.npz", x=np.zeros(3))
+    np.savez(tmp_path / "kind.npz", settings=setting({"kind": "horizons"}), counts=np.zeros(3))
+    np.savez(tmp_path / "json.npz", settings=setting("{not json"))
+    np.savez(tmp_path / "list.npz", settings=setting([1, 2]))
+    np.savez(tmp_path / "part.npz", settings=setting({"kind": "vocabulary_cell_volumes"}),
+             counts=np.zeros(3), done=np.zeros(3, bool))
+    (tmp_path / "empty.npz").write_bytes(b"")
+    whole = tmp_path / "whole.npz"
+    np.savez_compressed(whole, settings=setting({"kind": "vocabulary_cell_volumes"}),
+                        **{k: np.random.default_rng(0).standard_normal(4000) for k in keys})
+    b = whole.read_bytes()
+    (tmp_path / "cut.npz").write_bytes(b[:len(b) // 2])
+    bad = bytearray(b)
+    bad[len(b) // 3:len(b) // 3 + 64] = bytes(x ^ 0xFF for x in bad[len(b) // 3:len(b) // 3 + 64])
+    (tmp_path / "crc.npz").write_bytes(bytes(bad))
+    cases = {
+        "x.npz": r"is not a file of vocabulary_cell_volumes \(no settings\)$",
+        "kind.npz": r"is not a file of vocabulary_cell_volumes$",
+        "json.npz": r"is not a file of vocabulary_cell_volumes \(its settings are not a JSON",
+        "list.npz": r"is not a file of vocabulary_cell_volumes \(its settings are not a JSON",
+        "part.npz": r"is not a file of vocabulary_cell_volumes \(no log_fractions, log_lower, "
+                    r"log_upper, token_method, n_runs\)$",
+        "empty.npz": r"is not a \.npz of vocabulary_cell_volumes \(not a numpy archive\)$",
+        "cut.npz": r"is not a \.npz of vocabulary_cell_volumes \(not a numpy archive\)$",
+        "crc.npz": r"is not a readable file of vocabulary_cell_volumes \(BadZipFile: ",
+    }
+    before = {n: (tmp_path / n).read_bytes() for n in cases}
+    for name, why in cases.items():
+        p = tmp_path / name
+        for call in (lambda: vocabulary_cell_volumes(dec, ball, p, 2000, 0, progress=False),
+                     lambda: load_vocabulary_cell_volumes(p)):
+            with pytest.raises(ValueError, match=rf"^path: .*{name} {why}"):
+                call()
+        assert p.read_bytes() == before[name], name
+    assert not list(tmp_path.glob("*.tmp.npz"))

@@ -604,3 +604,44 @@ def test_cram_summary_md_puts_the_answer_first_and_collapses_runs_of_equal_rows(
     rows = [x.split(" | ")[0].lstrip("| ") for x in md if x.startswith("| ") and "/4" in x]
     # m = 1: lengths 1-10 all crammed, 11-12 3/4, 13-14 2/4, 15-16 1/4, 17-40 none
     assert rows[:5] == ["1-10", "11", "12", "13", "14"] and rows[6:8] == ["16", "17-40"]
+
+
+def test_a_huge_max_length_is_refused_before_the_targets_are_drawn(tiny, monkeypatch):
+    """max_length=1e7 or 1e9 drew the targets (seconds, gigabytes) before the position check."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("targets drawn before the position check")
+
+    monkeypatch.setattr(_horizons, "sample_targets", refuse)
+    for n in (10**7, 10**9):
+        with pytest.raises(ValueError, match=rf"^max_length: .*{n}-token target.* exceed the "
+                                             r"model's maximum"):
+            horizons(tiny, 1, n_targets=16, max_length=n)
+    with pytest.raises(ValueError, match="^targets: .*200-token target.* exceed the model's"):
+        horizons(tiny, 1, targets=np.ones((1, 200), np.int64))
+
+
+def test_targets_must_be_two_dimensional(tiny):
+    """A 1-D ``targets`` (the docstring says (B, n)) was read silently as one target."""
+    for t in (np.array([1, 2]), [1, 2]):
+        with pytest.raises(ValueError, match=r"^targets: expected a \(B, n\) array of token ids "
+                                             r"\(one row per target\), got a 1-D array of 2 ids"):
+            horizons(tiny, 1, targets=t)
+    with pytest.raises(ValueError, match="^targets: "):
+        horizons(tiny, 1, targets=np.ones((1, 2, 2), np.int64))
+    hc = horizons(tiny, 1, targets=[[1, 2]], protocol="adam", steps_per_length=5, n_boot=0,
+                  check_generation=False)
+    assert hc.targets.shape == (1, 2) and len(hc.records) == 1
+
+
+def test_max_batches_is_a_positive_int_or_none(tiny):
+    """max_batches=0 ran nothing and returned an empty curve."""
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=r"^max_batches: expected a positive int "
+                                             r"\(batches to run\) or None \(all\), got 0$"
+                           if bad == 0 else "^max_batches: "):
+            horizons(tiny, 1, n_targets=2, max_length=4, max_batches=bad)
+    with pytest.raises(TypeError, match="^max_batches: "):
+        horizons(tiny, 1, n_targets=2, max_length=4, max_batches=1.0)
+    hc = horizons(tiny, 1, n_targets=2, max_length=2, batch_size=1, max_batches=1,
+                  protocol="adam", steps_per_length=5, n_boot=0, check_generation=False)
+    assert [r["target_index"] for r in hc.records] == [0]

@@ -669,7 +669,7 @@ def horizons(
     target_source : {"random-tokens", "words", "wordlist"} or list of str
         As :func:`sample_targets`; recorded in every record.
     targets : array_like of int, shape (B, n), optional
-        Explicit targets (then ``max_length = n``).
+        Explicit targets (then ``max_length = n``); 2-D only (one target is ``[target]``).
     protocol : str or CramProtocol, default :data:`DEFAULT_PROTOCOL`
         The optimiser (:data:`embgeom.cramming.PROTOCOLS` lists the presets and their sources).
     steps_per_length : int, default 500
@@ -705,8 +705,8 @@ def horizons(
     progress : bool, default False
         tqdm bar over batch updates.
     max_batches : int, optional
-        Run at most this many new batches, then return what the file holds (for time-boxed
-        sessions); None: all.
+        Run at most this many new batches (>= 1), then return what the file holds (for
+        time-boxed sessions); None: all.
 
     Returns
     -------
@@ -811,6 +811,9 @@ def _check_arguments(*, n_mem, steps_per_length, max_steps, batch_size, checkpoi
     n_boot = check_n_boot(n_boot)
     if max_batches is not None:
         max_batches = check_positive_int(max_batches, "max_batches", minimum=0)
+        if max_batches == 0:  # would run nothing: an empty curve, or the file's records only
+            raise ValueError("max_batches: expected a positive int (batches to run) or None "
+                             "(all), got 0")
     for flag, name in ((warm_start, "warm_start"), (check_generation, "check_generation"),
                        (progress, "progress")):
         if not isinstance(flag, (bool, np.bool_)):
@@ -826,21 +829,30 @@ def _check_arguments(*, n_mem, steps_per_length, max_steps, batch_size, checkpoi
 def _horizon_targets(model, hf, vocab: int, start, n_mem: int, *, targets, max_length,
                      n_targets, target_source, seed):
     """The targets (B, n) (given, or drawn by :func:`sample_targets`) and their descriptor for
-    the settings; checks that start token + memory + target fit the model's positions."""
+    the settings; checks that start token + memory + target fit the model's positions (before
+    the targets are drawn: a huge ``max_length`` is refused before it costs time and memory)."""
+
+    def fit(n_max: int) -> None:
+        check_positions(hf, (start is not None) + n_mem + n_max - 1,
+                        "targets" if targets is not None else "max_length",
+                        f"{int(start is not None)} start token + {n_mem} memory vectors + a "
+                        f"{n_max}-token target")
+
     if targets is not None:
-        T_np = check_targets(targets, vocab)
+        T_np = check_targets(targets, vocab)  # refuses ragged rows, bad ids and ndim > 2
+        if np.ndim(targets) == 1:  # check_targets reads 1-D as one target (as cram does): not here
+            raise ValueError(f"targets: expected a (B, n) array of token ids (one row per "
+                             f"target), got a 1-D array of {T_np.shape[1]} ids; pass "
+                             "[targets] for one target")
+        fit(T_np.shape[1])
         source = _targets_descriptor(T_np)
     else:
         max_length = check_positive_int(max_length, "max_length")
         n_targets = check_positive_int(n_targets, "n_targets")
+        fit(max_length)
         T_np = sample_targets(model, max_length, n_targets, target_source=target_source,
                               seed=seed)
         source = source_descriptor(target_source)
-    n_max = T_np.shape[1]
-    check_positions(hf, (start is not None) + n_mem + n_max - 1,
-                    "targets" if targets is not None else "max_length",
-                    f"{int(start is not None)} start token + {n_mem} memory vectors + a "
-                    f"{n_max}-token target")
     return T_np, source
 
 

@@ -535,8 +535,9 @@ def test_histogram_of_rare_event_log_shares(tmp_path):
     assert sum(p.get_height() for p in ax.patches) == 6
     # nats on a linear count axis, the estimator and its budget in the title
     assert ax.get_yscale() == "linear" and "nats" in ax.get_xlabel()
-    assert ax.get_title() == ("decoder cell volumes: rare-event splitting, 64 chains per token; "
-                              "6 big cells by their uniform count of 500 samples")
+    # (every token here was counted, so the title gives the budget but no blocks per token)
+    assert ax.get_title() == ("decoder cell volumes: rare-event splitting, runs of 64 chains until "
+                              "se 0.12 nats; 6 big cells by their uniform count of 500 samples")
     assert len(ax.patches) == 5  # sqrt(6) -> at least 5 bins, not 50
     xs = [p.get_x() for p in ax.patches]
     assert min(xs) == pytest.approx(float(cv.log_fractions[:6].min()))  # nats, not log10

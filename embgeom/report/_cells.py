@@ -339,11 +339,12 @@ def cells_markdown(section: dict, support_name: str) -> str:
     vol = section["volumes"]
     V = vol["n_tokens"]
     n_est = section.get("n_estimated", V)
+    budget = splitting_budget(vol)
     if n_est < V:
         shares = (f"Shares of the {V:,} decoder cells E_t (argmax of W h + b) in the "
                   f"`{support_name}` support: {section['estimator']} (each share checked "
                   f"against the full W, 95% intervals"
-                  + (f"; {splitting_budget(vol)}" if splitting_budget(vol) else "")
+                  + (f"; {budget}" if budget else "")
                   + f"), {section['n_unresolved']:,} of them "
                   "unresolved. The largest-cells table and the top-1% share below come from "
                   f"{vol.get('n_samples', 0):,} uniform samples (95% {vol.get('interval', '')} "

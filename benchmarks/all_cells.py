@@ -14,6 +14,9 @@ with the checks only the whole vocabulary allows:
   standard error read from its 95% interval; delta method, tokens independent);
 - **uniform check** (``--uniform-samples``, e.g. 5,000,000, about half an hour on 2 cores):
   every token with >= 100 hits in an independent uniform run agrees with its count;
+- **split check** (with ``--uniform-file``): the split tokens' shares, summed, against the
+  independent run's hits on them, in all and per bin of the file's own hits
+  (:func:`split_check`): the splitting estimator's bias over thousands of small cells;
 - lambda from all tokens beside lambda from the 1,000-token sample
   (``benchmarks/results/<short>_lambda.json``), and the 20 smallest and 20 largest cells with
   their token strings.
@@ -71,7 +74,8 @@ def model_parts(model: str, support: str):
 def sum_check(cv) -> dict:
     """``sum_t p_t`` with a 95% interval (delta method; se_t from each token's interval)."""
     p = np.exp(cv.log_fractions)
-    half = (cv.log_upper - cv.log_lower) / 2
+    with np.errstate(invalid="ignore"):  # a proven-empty cell's interval is [-inf, -inf]
+        half = (cv.log_upper - cv.log_lower) / 2
     se_log = np.where(np.isfinite(half), half / 1.959964, 0.0)
     ok = np.isfinite(p)
     total = float(p[ok].sum())
@@ -91,15 +95,63 @@ def uniform_check(cv, dec, sup, n: int, seed: int, n_jobs: int, counts=None) -> 
     if counts is None:
         u = cell_volumes(dec, sup, n, seed, method="uniform", n_jobs=n_jobs, progress=True)
         counts, seconds = u.counts, float(u.seconds)
-    big = counts >= 100
+    resolved = np.isfinite(cv.log_fractions)
+    big = (counts >= 100) & resolved  # a partial file's unresolved tokens are left out
     lf = np.log(counts[big] / n)
     inside = (lf >= cv.log_lower[big] - 2 / np.sqrt(counts[big])) & \
              (lf <= cv.log_upper[big] + 2 / np.sqrt(counts[big]))
     diff = cv.log_fractions[big] - lf
     return {"n_samples": n, "seed": seed, "n_tokens_100_hits": int(big.sum()),
+            "n_unresolved_100_hits": int(((counts >= 100) & ~resolved).sum()),
             "share_agreeing": float(inside.mean()) if big.any() else float("nan"),
             "mean_diff_nats": float(np.nanmean(diff)) if big.any() else float("nan"),
             "seconds": seconds}
+
+
+#: Bins of the uniform pass's own hits for :func:`split_check` (lower edges; the last is open).
+SPLIT_BINS = (0, 1, 2, 3, 5, 10)
+
+
+def split_check(cv, counts) -> dict:
+    """The split tokens' shares, summed, against an independent uniform run's hits on them.
+
+    ``cv`` chooses which tokens to split from its *own* uniform pass (``cv.counts``: those
+    whose count would not beat one splitting run), so its counts are biased low on them; an
+    independent run's hits ``counts`` (int64 per token, ``n = counts.sum()`` points) are not,
+    and ``K / n`` (``K``: their hits on the split tokens) is unbiased for the tokens' total
+    share, as is ``sum_t exp(log-share_t)`` of one splitting run per token (an unbiased
+    estimate of each share: Brehier et al. 2016). Their log-ratio (nats) tests the splitting
+    estimator's bias where single tokens cannot: most split tokens have a handful of hits.
+    Standard error: the split sum's (delta method, each token's se from its 95% interval)
+    and the Poisson ``1 / sqrt(K)``, combined. Also per bin of ``cv``'s own hits
+    (:data:`SPLIT_BINS`), a choice made before either estimate and independent of both.
+    """
+    n = int(counts.sum())
+    split = (cv.token_method == "rare-event") & np.isfinite(cv.log_fractions)
+    own = np.asarray(cv.counts, np.int64)
+    edges = list(SPLIT_BINS) + [np.iinfo(np.int64).max]
+
+    def compare(sel, label):
+        p = np.exp(cv.log_fractions[sel])
+        with np.errstate(invalid="ignore"):  # a proven-empty cell's interval is [-inf, -inf]
+            half = (cv.log_upper[sel] - cv.log_lower[sel]) / 2
+        se_log = np.where(np.isfinite(half), half / 1.959964, 0.0)
+        total = float(p.sum())
+        k = int(counts[sel].sum())
+        rel_split = float(np.sqrt(np.sum((p * se_log) ** 2)) / total) if total > 0 else float("nan")
+        ratio = math.log(total * n / k) if k > 0 and total > 0 else float("nan")
+        se = math.sqrt(rel_split**2 + 1.0 / k) if k > 0 else float("nan")
+        return {"bin": label, "n_tokens": int(sel.sum()), "split_sum": total, "hits": k,
+                "hits_share": k / n, "log_ratio_nats": ratio, "se_nats": se,
+                "z": ratio / se if se > 0 else float("nan")}
+
+    bins = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = split & (own >= lo) & (own < hi)
+        if sel.any():
+            label = (f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1}") if hi != edges[-1] else f">= {lo}"
+            bins.append(compare(sel, label))
+    return {"n_samples": n, "all": compare(split, "all split tokens"), "bins_by_own_hits": bins}
 
 
 def summarize(cv, dec, sup, tok, args, short) -> dict:
@@ -107,7 +159,7 @@ def summarize(cv, dec, sup, tok, args, short) -> dict:
     out = {"model": args.model, "support": args.support,
            "vocabulary": cv.extra["vocabulary"], "sum_check": sum_check(cv),
            "lambda_all_tokens": float(rate.rate), "log_vocab": float(math.log(dec.n_tokens)),
-           "methods": {m: int((cv.token_method == m).sum()) for m in np.unique(cv.token_method)}}
+           "methods": {str(m): int((cv.token_method == m).sum()) for m in np.unique(cv.token_method)}}
     sample = ROOT / "benchmarks" / "results" / f"{short}_lambda.json"
     if sample.is_file():
         out["lambda_sample_file"] = str(sample.relative_to(ROOT))
@@ -131,6 +183,8 @@ def summarize(cv, dec, sup, tok, args, short) -> dict:
         out["uniform_check"] = uniform_check(cv, dec, sup, st["n_samples"], int(st["seed"]),
                                              args.n_jobs, counts=st["counts"])
         out["uniform_check"]["file"] = str(args.uniform_file)
+        out["split_check"] = split_check(cv, np.asarray(st["counts"], np.int64))
+        out["split_check"]["file"] = str(args.uniform_file)
     elif args.uniform_samples:
         out["uniform_check"] = uniform_check(cv, dec, sup, args.uniform_samples, args.seed + 1,
                                              args.n_jobs)
@@ -151,8 +205,21 @@ def markdown(s: dict) -> str:
     if "uniform_check" in s:
         u = s["uniform_check"]
         lines.append(f"- uniform check ({u['n_samples']:,} samples): {u['n_tokens_100_hits']} tokens "
-                     f">= 100 hits, {u['share_agreeing']:.1%} agree, mean diff "
+                     f">= 100 hits ({u.get('n_unresolved_100_hits', 0)} more not yet resolved), "
+                     f"{u['share_agreeing']:.1%} agree, mean diff "
                      f"{u['mean_diff_nats']:+.3f} nats")
+    if "split_check" in s:
+        c = s["split_check"]
+        a = c["all"]
+        lines += [f"- split tokens against the independent run's hits ({c['n_samples']:,} points): "
+                  f"{a['n_tokens']:,} tokens, sum of shares {a['split_sum']:.3e} vs hits "
+                  f"{a['hits']:,} ({a['hits_share']:.3e}): log-ratio {a['log_ratio_nats']:+.3f} "
+                  f"+- {a['se_nats']:.3f} nats", "",
+                  "| own hits | split tokens | sum of shares x n | independent hits | log-ratio (nats) | z |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {b['bin']} | {b['n_tokens']:,} | {b['split_sum'] * c['n_samples']:.0f} | "
+                  f"{b['hits']:,} | {b['log_ratio_nats']:+.3f} +- {b['se_nats']:.3f} | {b['z']:+.1f} |"
+                  for b in c["bins_by_own_hits"]]
     lines += ["", "| smallest | log-share | largest | log-share |", "|---|---|---|---|"]
     for a, b in zip(s["smallest"], s["largest"]):
         lines.append(f"| {a['token']!r} ({a['token_id']}) | {a['log_share']:.2f} | "

@@ -258,3 +258,49 @@ def test_a_foreign_file_at_path_is_refused_by_name_before_any_work(tmp_path, no_
                 call()
         assert p.read_bytes() == before[name], name
     assert not list(tmp_path.glob("*.tmp.npz"))
+
+
+def _all_cells_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "all_cells.py"
+    spec = importlib.util.spec_from_file_location("all_cells_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_split_check_compares_summed_split_shares_with_independent_hits():
+    """benchmarks/all_cells.py's split check: the log-ratio of the split tokens' summed shares to
+    an independent run's hits on them, in all and per bin of the file's own hits, with the
+    proven-empty and counted tokens left out."""
+    from types import SimpleNamespace
+
+    mod = _all_cells_module()
+    n = 1_000_000
+    p = np.array([0.5, 0.4, 1e-6, 2e-6, 3e-6, 4e-6, 0.0])  # the rest of the mass: counted tokens
+    method = np.array(["uniform", "uniform", "rare-event", "rare-event", "rare-event",
+                       "rare-event", "empty"])
+    with np.errstate(divide="ignore"):
+        lf = np.log(p)
+    half = np.where(method == "rare-event", 0.4 * 1.959964, 0.0)
+    own = np.array([500_000, 400_000, 0, 1, 1, 4, 0])
+    indep = np.array([0, 0, 1, 2, 3, 4, 0])  # hits on the split tokens: n * p exactly
+    indep[0] = n - indep.sum()
+    cv = SimpleNamespace(token_method=method, log_fractions=lf, log_lower=lf - half,
+                         log_upper=lf + half, counts=own)
+    res = mod.split_check(cv, indep)
+    a = res["all"]
+    assert a["n_tokens"] == 4 and a["hits"] == 10 and res["n_samples"] == n
+    assert a["split_sum"] == pytest.approx(1e-5)
+    assert a["log_ratio_nats"] == pytest.approx(0.0, abs=1e-12)
+    rel = 0.4 * np.sqrt(np.sum(p[2:6] ** 2)) / 1e-5
+    assert a["se_nats"] == pytest.approx(np.sqrt(rel**2 + 1 / 10))
+    assert [(b["bin"], b["n_tokens"], b["hits"]) for b in res["bins_by_own_hits"]] == \
+        [("0", 1, 1), ("1", 2, 5), ("3-4", 1, 4)]
+    # splitting twice too high on every token reads log 2 in every bin
+    cv.log_fractions = lf + np.log(2.0)
+    res = mod.split_check(cv, indep)
+    assert res["all"]["log_ratio_nats"] == pytest.approx(np.log(2.0))
+    assert all(b["log_ratio_nats"] == pytest.approx(np.log(2.0)) for b in res["bins_by_own_hits"])

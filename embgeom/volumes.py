@@ -996,7 +996,8 @@ def _read_vocabulary_npz(path) -> tuple[dict, dict]:
 
 def _check_vocabulary_path(path) -> str:
     """``path`` as a str, checked before any work: not empty, not a folder, in a folder that
-    exists (else the run would fail at its first save, after the whole uniform pass)."""
+    exists and takes a new file (else the run would fail at its first save, after the whole
+    uniform pass)."""
     import os
 
     try:
@@ -1015,6 +1016,14 @@ def _check_vocabulary_path(path) -> str:
         raise ValueError(f"path: the folder {folder} of {p} does not exist; create it first")
     if not os.path.isdir(folder):
         raise ValueError(f"path: {folder} (the folder of {p}) is not a folder")
+    import tempfile
+
+    try:  # the saves write a temporary file beside path, then rename it
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".embgeom-", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise ValueError(f"path: cannot write in the folder {folder} of {p} "
+                         f"({e.strerror or e})") from None
     return p
 
 
@@ -1136,7 +1145,7 @@ def vocabulary_cell_volumes(decoder: Decoder, support, path, n_samples: int = 20
     TypeError, ValueError
         As :func:`cell_volumes`; a decoder with a bias or a support whose cells are not cones
         through its centre; ``seed=None``; ``path`` empty, a folder, or in a folder that does not
-        exist; ``path`` holding a file that is not one of this function's, or one of other
+        exist or takes no new file (read-only, full); ``path`` holding a file that is not one of this function's, or one of other
         settings (another model, support, seed or budget: move it away). All checked before
         any work.
     """

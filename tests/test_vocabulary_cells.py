@@ -207,7 +207,18 @@ def test_a_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, no_u
         run("")
     with pytest.raises(TypeError, match="^path: expected a str or path-like, got int"):
         run(3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # nothing written, no probe left
+    # a folder that takes no new file (read-only, or full): refused before the uniform pass too
+    import tempfile
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "NamedTemporaryFile", refuse)
+        with pytest.raises(ValueError, match=r"^path: cannot write in the folder .* of .*x\.npz "
+                                             r"\(Permission denied\)$"):
+            run(tmp_path / "x.npz")
     # a bare file name (no folder part: the current folder) gets as far as the work itself
     monkeypatch.chdir(tmp_path)
     with pytest.raises(AssertionError, match="uniform pass ran"):

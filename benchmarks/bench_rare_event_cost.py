@@ -8,10 +8,11 @@ random tokens of SmolLM2-135M's unembedding (origin ball, ``G = None``), it meas
    ``--reference`` (a git commit, default ``af14dae``, the tree before issue 22 item 4's
    changes; exported with ``git archive`` and run in a subprocess), (1b) with this tree (whose
    faster passes over ``W`` speed it up too);
-2. ``cell_volumes(..., method="rare-event", tokens=tokens, target_se=--target-se)``: the default
-   rare-event budget (runs of 128 chains repeated until the standard error is met; a pilot run
-   of 128 chains chooses the working set and is not counted, the counted runs start from it
-   without probes), serial on one thread;
+2. ``cell_volumes(..., method="rare-event", tokens=tokens, target_se=--target-se)``: the
+   rare-event budget at a 1-nat interval (``cell_volumes``' own default is 0.12): runs of 128
+   chains repeated until the standard error is met (a pilot run of 128 chains chooses the
+   working set and is not counted, the counted runs start from it without probes), serial on
+   one thread;
 3. the same call with ``n_jobs=--jobs`` (the local process pool, one BLAS/numba thread per
    worker); its wall time includes starting the pool.
 
@@ -128,9 +129,9 @@ def run(args) -> dict:
                                 os.getloadavg()[0]))
     refs.append((big.log_share, big.log_lower, big.log_upper))
     n_ones = len(refs)
-    ways = [("(2) default, target_se %.2f, 1 thread" % args.target_se, None)]
+    ways = [("(2) cell_volumes at target_se %.2f (a 1-nat interval; its default is 0.12), 1 thread" % args.target_se, None)]
     if args.jobs > 1:
-        ways.append(("(3) default, target_se %.2f, n_jobs=%d" % (args.target_se, args.jobs), args.jobs))
+        ways.append(("(3) cell_volumes at target_se %.2f, n_jobs=%d" % (args.target_se, args.jobs), args.jobs))
     cvs = []
     for name, n_jobs in ways:
         l0 = os.getloadavg()[0]
@@ -208,7 +209,7 @@ def markdown(res: dict) -> str:
                      f"{r['share_within_1_nat']:.0%} | {r['mean_runs']:.1f} | {ratio} | "
                      f"{r['load_before']:.1f} -> {r['load_after']:.1f} |")
     a = res["agreement"]
-    lines += ["", f"Default (2) minus {a['against']}: mean {a['mean_diff']:+.3f} +- {a['se_mean_diff']:.3f} "
+    lines += ["", f"(2) minus {a['against']}: mean {a['mean_diff']:+.3f} +- {a['se_mean_diff']:.3f} "
               f"nats, RMS {a['rms_diff']:.3f}, {a['within_2_se']:.0%} of tokens within 2 standard errors"
               + (f"; serial and pooled figures identical: {res['parallel_identical']}" if "parallel_identical" in res else "")
               + "."]
@@ -218,10 +219,10 @@ def markdown(res: dict) -> str:
                   f"`{c['file']}`), on the {c['n_tokens']} of these tokens with >= {c['min_hits']} hits "
                   "(mean of way - counts, nats): " + ", ".join(
                       f"{k} {v['mean_diff']:+.3f}" for k, v in c["ways"].items()) + ". "
-                  "On 51 tokens with >= 100 hits the default sits -0.02 +- 0.02 nats from these counts "
+                  "On 51 tokens with >= 100 hits cell_volumes at its default target_se 0.12 sits -0.02 +- 0.02 nats from these counts "
                   "and af14dae's 1,024-chain run is the one biased low "
                   "(`benchmarks/results/rare_event/vs_counts_ball.md`)."]
-    lines += ["", "| token | 1,024 chains (first way) | default (2) | default runs |"
+    lines += ["", "| token | 1,024 chains (first way) | (2) | runs of (2) |"
               + (" counts log-share (hits) |" if c else ""), "|---|---|---|---|" + ("---|" if c else "")]
     one, dflt = res["rows"][0], res["rows"][res["n_one_run_ways"]]
     for i, t in enumerate(res["tokens"]):

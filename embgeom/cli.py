@@ -238,8 +238,9 @@ def _add_report_command(command, add_executor_arguments) -> None:
                        help="neither read nor write cached hidden states")
     rep.add_argument("--cram-summary", default="auto",
                      help="cram_summary.json (or its folder) of an `embgeom cram` run on this model, "
-                     "for C_emp; 'auto': the newest under benchmarks/results/ or runs/; 'none': "
-                     "do not look")
+                     "for C_emp; 'auto': the best under benchmarks/results/ or runs/ (horizons over "
+                     "per-length runs, random tokens over words, more m, more targets; newer on "
+                     "ties); 'none': do not look")
     rep.add_argument("--all-cells", default="auto", metavar="NPZ",
                      help="a file of every token's cell share (benchmarks/all_cells.py) for lambda "
                      "from all tokens and the smallest and largest cells; 'auto': the files under "

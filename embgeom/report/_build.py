@@ -107,8 +107,9 @@ def build_report(
         reason in ``supports.<name>.calibration_error``.
     cram_summary : None, "auto", str or Path, default None
         A cramming measurement for C_emp: a ``cram_summary.json`` (or its folder) of this model;
-        ``"auto"``: the newest one under ``benchmarks/results/`` or ``runs/`` of the working
-        directory; None: only a published C_emp (:data:`embgeom.bounds.PUBLISHED`) is used.
+        ``"auto"``: the best one under ``benchmarks/results/`` or ``runs/`` of the working
+        directory (a horizons run over per-length runs, random tokens over words, then more m
+        and more targets, the newer file on ties: :func:`embgeom.report._cram.find_cram_summary`); None: only a published C_emp (:data:`embgeom.bounds.PUBLISHED`) is used.
     seed : int, default 0
         Seed of every random draw, an int >= 0: the fit sample uses ``seed``, the fresh sample
         ``seed + 1``, the calibration sample ``seed + 2``.

@@ -6,7 +6,7 @@ Clopper-Pearson lower confidence bound on the share ``q`` of the sampled distrib
 inside; the support is called *valid* when that lower bound reaches ``min_share``. With the
 defaults (95% confidence, ``min_share = 0.99``) a valid support holds at least 99% of the hidden
 states drawn like the fresh ones, with 95% confidence; this needs at least 299 fresh points
-with none outside (``0.05^(1/n) >= 0.99``), and about 2,000 points tolerate 11 outside.
+with none outside (``0.05^(1/n) >= 0.99``), and about 2,000 points tolerate 12 outside.
 
 References
 ----------

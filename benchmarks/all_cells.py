@@ -10,8 +10,10 @@ bounds one step of a long run.
 When the file is complete (or with ``--summarize``) it writes ``<short>_<support>.{json,md}``
 with the checks only the whole vocabulary allows:
 
-- **sum check**: ``sum_t exp(log-share_t)`` must be 1 within its interval (each token's
-  standard error read from its 95% interval; delta method, tokens independent);
+- **sum check** (:func:`sum_check`): ``sum_t exp(log-share_t)`` against 1. The file's own
+  counts chose which tokens to split, so its plain sum sits above 1 by a selection term; with
+  the counted tokens' shares from an independent run (``--uniform-file``) the sum has mean 1,
+  and that is the check;
 - **uniform check** (``--uniform-samples``, e.g. 5,000,000, about half an hour on 2 cores):
   every token with >= 100 hits in an independent uniform run agrees with its count;
 - **split check** (with ``--uniform-file``): the split tokens' shares, summed, against the
@@ -71,41 +73,103 @@ def model_parts(model: str, support: str):
     return dec, sup, getattr(loaded, "tokenizer", None)
 
 
-def sum_check(cv) -> dict:
-    """``sum_t p_t`` with a 95% interval (delta method; se_t from each token's interval)."""
-    p = np.exp(cv.log_fractions)
+def _split_se(cv, sel) -> float:
+    """Standard error of ``sum_{t in sel} exp(log-share_t)`` from each token's 95% interval
+    (delta method; splitting runs are independent across tokens)."""
+    p = np.exp(cv.log_fractions[sel])
     with np.errstate(invalid="ignore"):  # a proven-empty cell's interval is [-inf, -inf]
-        half = (cv.log_upper - cv.log_lower) / 2
+        half = (cv.log_upper[sel] - cv.log_lower[sel]) / 2
     se_log = np.where(np.isfinite(half), half / 1.959964, 0.0)
-    ok = np.isfinite(p)
-    total = float(p[ok].sum())
-    se = float(math.sqrt(np.sum((p[ok] * se_log[ok]) ** 2)))
-    return {"sum": total, "se": se, "interval": [total - 1.96 * se, total + 1.96 * se],
-            "one_inside": bool(abs(total - 1) <= 1.96 * se), "n_unresolved": int((~ok).sum())}
+    return float(np.sqrt(np.sum((p * se_log) ** 2)))
 
 
-def uniform_check(cv, dec, sup, n: int, seed: int, n_jobs: int, counts=None) -> dict:
-    """Tokens with >= 100 hits in an independent uniform run: agreement with their counts.
+def sum_check(cv, counts=None) -> dict:
+    """``sum_t exp(log-share_t)`` over the resolved tokens, and whether 1 is inside its interval.
 
-    ``counts`` (int64 per token, from ``benchmarks/uniform_counts.py``) replaces the run; they
-    are that run's counts for ``n`` points bit for bit, computed resumably."""
-    from embgeom.volumes import cell_volumes
+    The file keeps a token's count where the count beats one splitting run, so the counted
+    share is ``1 - K_S / N`` exactly (``K_S``: the file's own hits on the other tokens ``S``,
+    ``N`` its points) and ``sum = 1 + sum_S p_t - K_S / N``: its variance is that of ``K_S``
+    (multinomial) and of the split estimates, not a sum over tokens treated as independent.
+    Its mean is not 1: the counts chose ``S`` (the tokens whose count is low), so ``K_S / N``
+    sits below ``S``'s share (the *selection term*), and the plain sum sits above 1 by it
+    however exact the splitting. With ``counts`` (an independent uniform run's hits, int64 per
+    token) the counted tokens' shares are taken from that run instead, which chose nothing:
+    ``sum_counted k'_t / N' + sum_S p_t`` has mean 1, and that is the check (``"independent"``);
+    the selection term is estimated as ``K'_S / N' - K_S / N``. Empty cells are in ``S`` with
+    share 0 (an independent hit on one would be a contradiction: ``hits_on_empty``). A file
+    not yet complete gives the sums over its resolved tokens and no verdict.
+    """
+    resolved = np.isfinite(cv.log_fractions) | (cv.token_method == "empty")
+    counted = (cv.token_method == "uniform") & resolved
+    S = resolved & ~counted
+    n = int(cv.n_samples)
+    own = np.asarray(cv.counts, np.int64)
+    complete = bool(resolved.all())
+    with np.errstate(divide="ignore"):
+        p = np.where(cv.token_method == "empty", 0.0, np.exp(cv.log_fractions))
+    total = float(p[resolved].sum())
+    k_s = int(own[S].sum())
+    se_split = _split_se(cv, S & (cv.token_method != "empty"))
+    se = math.sqrt(k_s * max(1.0 - k_s / n, 0.0) / n**2 + se_split**2)
+    out = {"sum": total, "se": se, "interval": [total - 1.96 * se, total + 1.96 * se],
+           "one_inside": bool(abs(total - 1) <= 1.96 * se) if complete else None,
+           "n_unresolved": int((~resolved).sum()), "n_split": int(S.sum()),
+           "own_hits_on_split": k_s}
+    if counts is not None:
+        counts = np.asarray(counts, np.int64)
+        n2 = int(counts.sum())
+        q = float(counts[counted].sum()) / n2
+        tot2 = q + float(p[S].sum())
+        se2 = math.sqrt(q * (1.0 - q) / n2 + se_split**2)
+        k2 = int(counts[S].sum())
+        sel = k2 / n2 - k_s / n
+        out["independent"] = {
+            "n_samples": n2, "sum": tot2, "se": se2, "interval": [tot2 - 1.96 * se2, tot2 + 1.96 * se2],
+            "one_inside": bool(abs(tot2 - 1) <= 1.96 * se2) if complete else None,
+            "selection_term": sel, "selection_term_se": math.sqrt(k2 / n2**2 + k_s / n**2),
+            "hits_on_empty": int(counts[cv.token_method == "empty"].sum())}
+    return out
 
-    seconds = float("nan")
-    if counts is None:
-        u = cell_volumes(dec, sup, n, seed, method="uniform", n_jobs=n_jobs, progress=True)
-        counts, seconds = u.counts, float(u.seconds)
+
+def independent_counts(cv, dec, sup, args) -> dict | None:
+    """The independent uniform run the checks compare with: ``--uniform-file`` (counts of
+    ``benchmarks/uniform_counts.py``, resumable) or a fresh run of ``--uniform-samples`` points
+    with seed ``--seed + 1``; None without either. Returns ``counts`` (int64 per token),
+    ``n_samples``, ``seed``, ``seconds`` and ``file``."""
+    if args.uniform_file:
+        from uniform_counts import load_counts
+
+        from embgeom.volumes import _fingerprint
+
+        st = load_counts(Path(args.uniform_file), _fingerprint(dec, sup.origin_ellipsoid_map()))
+        if st is None:
+            raise SystemExit(f"--uniform-file: no file {args.uniform_file}")
+        return {"counts": np.asarray(st["counts"], np.int64), "n_samples": int(st["n_samples"]),
+                "seed": int(st["seed"]), "seconds": float("nan"), "file": str(args.uniform_file)}
+    if args.uniform_samples:
+        from embgeom.volumes import cell_volumes
+
+        u = cell_volumes(dec, sup, args.uniform_samples, args.seed + 1, method="uniform",
+                         n_jobs=args.n_jobs, progress=True)
+        return {"counts": np.asarray(u.counts, np.int64), "n_samples": int(u.n_samples),
+                "seed": args.seed + 1, "seconds": float(u.seconds), "file": None}
+    return None
+
+
+def uniform_check(cv, counts, n: int) -> dict:
+    """Tokens with >= 100 hits in an independent uniform run of ``n`` points (``counts``, int64
+    per token): the share of them whose count lies in the file's interval (widened by the
+    count's 2 standard errors), and the mean log difference (nats)."""
     resolved = np.isfinite(cv.log_fractions)
     big = (counts >= 100) & resolved  # a partial file's unresolved tokens are left out
     lf = np.log(counts[big] / n)
     inside = (lf >= cv.log_lower[big] - 2 / np.sqrt(counts[big])) & \
              (lf <= cv.log_upper[big] + 2 / np.sqrt(counts[big]))
     diff = cv.log_fractions[big] - lf
-    return {"n_samples": n, "seed": seed, "n_tokens_100_hits": int(big.sum()),
+    return {"n_samples": n, "n_tokens_100_hits": int(big.sum()),
             "n_unresolved_100_hits": int(((counts >= 100) & ~resolved).sum()),
             "share_agreeing": float(inside.mean()) if big.any() else float("nan"),
-            "mean_diff_nats": float(np.nanmean(diff)) if big.any() else float("nan"),
-            "seconds": seconds}
+            "mean_diff_nats": float(np.nanmean(diff)) if big.any() else float("nan")}
 
 
 #: Bins of the uniform pass's own hits for :func:`split_check` (lower edges; the last is open).
@@ -132,13 +196,9 @@ def split_check(cv, counts) -> dict:
     edges = list(SPLIT_BINS) + [np.iinfo(np.int64).max]
 
     def compare(sel, label):
-        p = np.exp(cv.log_fractions[sel])
-        with np.errstate(invalid="ignore"):  # a proven-empty cell's interval is [-inf, -inf]
-            half = (cv.log_upper[sel] - cv.log_lower[sel]) / 2
-        se_log = np.where(np.isfinite(half), half / 1.959964, 0.0)
-        total = float(p.sum())
+        total = float(np.exp(cv.log_fractions[sel]).sum())
         k = int(counts[sel].sum())
-        rel_split = float(np.sqrt(np.sum((p * se_log) ** 2)) / total) if total > 0 else float("nan")
+        rel_split = _split_se(cv, sel) / total if total > 0 else float("nan")
         ratio = math.log(total * n / k) if k > 0 and total > 0 else float("nan")
         se = math.sqrt(rel_split**2 + 1.0 / k) if k > 0 else float("nan")
         return {"bin": label, "n_tokens": int(sel.sum()), "split_sum": total, "hits": k,
@@ -157,7 +217,7 @@ def split_check(cv, counts) -> dict:
 def summarize(cv, dec, sup, tok, args, short) -> dict:
     rate = cv.cell_volume_rate()
     out = {"model": args.model, "support": args.support,
-           "vocabulary": cv.extra["vocabulary"], "sum_check": sum_check(cv),
+           "vocabulary": cv.extra["vocabulary"],
            "lambda_all_tokens": float(rate.rate), "log_vocab": float(math.log(dec.n_tokens)),
            "methods": {str(m): int((cv.token_method == m).sum()) for m in np.unique(cv.token_method)}}
     sample = ROOT / "benchmarks" / "results" / f"{short}_lambda.json"
@@ -172,22 +232,14 @@ def summarize(cv, dec, sup, tok, args, short) -> dict:
                      "log_share": float(cv.log_fractions[order[i]])}
     out["smallest"] = [row(i) for i in range(min(20, order.size))]
     out["largest"] = [row(i) for i in range(order.size - 1, max(order.size - 21, -1), -1)]
-    if args.uniform_file:
-        from uniform_counts import load_counts
-
-        from embgeom.volumes import _fingerprint
-
-        st = load_counts(Path(args.uniform_file), _fingerprint(dec, sup.origin_ellipsoid_map()))
-        if st is None:
-            raise SystemExit(f"--uniform-file: no file {args.uniform_file}")
-        out["uniform_check"] = uniform_check(cv, dec, sup, st["n_samples"], int(st["seed"]),
-                                             args.n_jobs, counts=st["counts"])
-        out["uniform_check"]["file"] = str(args.uniform_file)
-        out["split_check"] = split_check(cv, np.asarray(st["counts"], np.int64))
-        out["split_check"]["file"] = str(args.uniform_file)
-    elif args.uniform_samples:
-        out["uniform_check"] = uniform_check(cv, dec, sup, args.uniform_samples, args.seed + 1,
-                                             args.n_jobs)
+    ind = independent_counts(cv, dec, sup, args)
+    if ind is None:
+        out["sum_check"] = sum_check(cv)
+        return out
+    meta = {k: ind[k] for k in ("n_samples", "seed", "seconds", "file")}
+    out["uniform_check"] = {**uniform_check(cv, ind["counts"], ind["n_samples"]), **meta}
+    out["split_check"] = {**split_check(cv, ind["counts"]), "file": ind["file"]}
+    out["sum_check"] = sum_check(cv, ind["counts"])
     return out
 
 
@@ -197,11 +249,23 @@ def markdown(s: dict) -> str:
              f"{v['n_done']:,} of {v['n_tokens']:,} tokens; {v['n_chains']} chains per run, "
              f"target_se {v['target_se']}, {v['n_samples']:,} uniform samples, seed "
              f"{v['seed_entropy']}; {v.get('seconds', 0) / 3600:.2f} h.", "",
-             f"- sum of shares: {sc['sum']:.4f} [{sc['interval'][0]:.4f}, {sc['interval'][1]:.4f}]"
-             f" (1 inside: {sc['one_inside']}; {sc['n_unresolved']} unresolved)",
+             f"- sum of the file's shares: {sc['sum']:.6f} [{sc['interval'][0]:.6f}, "
+             f"{sc['interval'][1]:.6f}] (1 inside: {sc['one_inside']}; {sc['n_unresolved']:,} "
+             "unresolved); it sits above 1 by the selection term (the counts chose which tokens "
+             "to split), as the independent run shows:" if "independent" in sc else
+             f"- sum of the file's shares: {sc['sum']:.6f} [{sc['interval'][0]:.6f}, "
+             f"{sc['interval'][1]:.6f}] (1 inside: {sc['one_inside']}; {sc['n_unresolved']:,} "
+             "unresolved; its mean sits above 1 by the selection term: give --uniform-file)",
              f"- lambda from all tokens: {s['lambda_all_tokens']:.3f} nats/token "
              f"(log|V| = {s['log_vocab']:.3f})",
              f"- estimators: {s['methods']}"]
+    if "independent" in sc:
+        ind = sc["independent"]
+        lines.insert(5, f"  - with the counted tokens' shares from the independent run "
+                        f"({ind['n_samples']:,} points): {ind['sum']:.6f} [{ind['interval'][0]:.6f}, "
+                        f"{ind['interval'][1]:.6f}] (1 inside: {ind['one_inside']}); selection "
+                        f"term {ind['selection_term']:+.2e} +- {ind['selection_term_se']:.1e}; "
+                        f"independent hits on proven-empty cells: {ind['hits_on_empty']}")
     if "uniform_check" in s:
         u = s["uniform_check"]
         lines.append(f"- uniform check ({u['n_samples']:,} samples): {u['n_tokens_100_hits']} tokens "

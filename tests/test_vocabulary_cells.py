@@ -315,3 +315,39 @@ def test_split_check_compares_summed_split_shares_with_independent_hits():
     res = mod.split_check(cv, indep)
     assert res["all"]["log_ratio_nats"] == pytest.approx(np.log(2.0))
     assert all(b["log_ratio_nats"] == pytest.approx(np.log(2.0)) for b in res["bins_by_own_hits"])
+
+
+def test_sum_check_takes_the_counted_shares_from_the_independent_run():
+    """The file's plain sum is 1 + sum_S p - K_S / N (S: the tokens its counts chose to split),
+    above 1 by the selection term; with the counted shares from an independent run the sum is 1
+    when the split shares are exact, and the selection term is K'_S / N' - K_S / N."""
+    from types import SimpleNamespace
+
+    mod = _all_cells_module()
+    n = 1000
+    p = np.array([0.6, 0.393, 0.004, 0.003, 0.0])
+    method = np.array(["uniform", "uniform", "rare-event", "rare-event", "empty"])
+    own = np.array([602, 396, 1, 1, 0])  # the split tokens' own counts sit low: chosen by them
+    with np.errstate(divide="ignore"):  # counted tokens keep their own count's share
+        lf = np.log(np.where(method == "uniform", own / n, p))
+    half = np.where(method == "rare-event", 0.2 * 1.959964, 0.0)
+    cv = SimpleNamespace(token_method=method, log_fractions=lf,
+                         log_lower=lf - half, log_upper=lf + half, counts=own, n_samples=n)
+    indep = np.array([600, 393, 4, 3, 0])
+    res = mod.sum_check(cv, indep)
+    assert res["sum"] == pytest.approx(1.0 + 0.007 - 2 / n)
+    assert res["n_split"] == 3 and res["own_hits_on_split"] == 2 and res["n_unresolved"] == 0
+    se_split = 0.2 * np.hypot(0.004, 0.003)
+    assert res["se"] == pytest.approx(np.sqrt(2 * (1 - 2 / n) / n**2 + se_split**2))
+    ind = res["independent"]
+    assert ind["sum"] == pytest.approx(1.0) and ind["one_inside"] is True
+    assert ind["selection_term"] == pytest.approx(7 / n - 2 / n)
+    assert ind["hits_on_empty"] == 0
+    assert res["one_inside"] is False  # the plain sum, 1.005, is 1 + the selection term
+    # a file not yet complete gives its sums and no verdict
+    cv.log_fractions = cv.log_fractions.copy()
+    cv.log_fractions[3] = np.nan
+    cv.token_method = np.array(["uniform", "uniform", "rare-event", "not estimated", "empty"])
+    part = mod.sum_check(cv, indep)
+    assert part["one_inside"] is None and part["independent"]["one_inside"] is None
+    assert part["n_unresolved"] == 1

@@ -256,7 +256,9 @@ def markdown(s: dict) -> str:
              f"- sum of the file's shares: {sc['sum']:.6f} [{sc['interval'][0]:.6f}, "
              f"{sc['interval'][1]:.6f}] (1 inside: {sc['one_inside']}; {sc['n_unresolved']:,} "
              "unresolved; its mean sits above 1 by the selection term: give --uniform-file)",
-             f"- lambda from all tokens: {s['lambda_all_tokens']:.3f} nats/token "
+             ("- lambda from all tokens: " if v["n_done"] == v["n_tokens"] else
+              f"- lambda from the {v['n_done']:,} tokens done (not yet all): ")
+             + f"{s['lambda_all_tokens']:.3f} nats/token "
              f"(log|V| = {s['log_vocab']:.3f})",
              f"- estimators: {s['methods']}"]
     if "independent" in sc:

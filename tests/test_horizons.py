@@ -645,3 +645,18 @@ def test_max_batches_is_a_positive_int_or_none(tiny):
     hc = horizons(tiny, 1, n_targets=2, max_length=2, batch_size=1, max_batches=1,
                   protocol="adam", steps_per_length=5, n_boot=0, check_generation=False)
     assert [r["target_index"] for r in hc.records] == [0]
+
+
+def test_horizons_and_cram_under_a_callers_no_grad(tiny, run):
+    """A caller inside ``torch.no_grad()`` (or a Ray worker a cancelled task left in one: the
+    intermittent ``element 0 of tensors does not require grad`` of the killed-sweep test) gets
+    the same horizons and the same cram result as outside it."""
+    with torch.no_grad():
+        again = horizons(tiny, 1, n_targets=8, max_length=12, protocol="adam",
+                         steps_per_length=80, n_boot=100, seed=0)
+        T = run.targets[:2, :6]
+        inside = cram(tiny, T, 1, steps=40, seed=0)
+    np.testing.assert_array_equal(again.horizons, run.horizons)
+    outside = cram(tiny, T, 1, steps=40, seed=0)
+    np.testing.assert_array_equal(inside.success_teacher_forced, outside.success_teacher_forced)
+    np.testing.assert_allclose(inside.loss, outside.loss)

@@ -881,6 +881,7 @@ def _batches_to_run(B_all: int, batch_size: int, shash: str, done: dict, max_bat
     return batches, todo
 
 
+@torch.enable_grad()  # a caller's no_grad (or a Ray worker left in one) must not break the steps
 def _run_batch(su: _Setup, b: int, idx: list, T_np, seed, jsonl, shash: str, settings: dict,
                done: dict, *, checkpoint_every: int, check_generation: bool, bar) -> dict:
     """Run batch ``b`` (targets ``idx``), from its checkpoint where one fits; its records go into

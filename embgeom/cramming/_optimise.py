@@ -558,6 +558,7 @@ def _check_finite(ce: torch.Tensor, t: int) -> None:
         )
 
 
+@torch.enable_grad()  # a caller's no_grad (or a Ray worker left in one) must not break the steps
 def _optimise(hf, P, rows: _Rows, *, opts: _CramOptions, adam: _Adam, progress, label):
     """Adam until each target stops: 100% teacher-forced accuracy (confirmed by a float32
     forward under bf16 autocast), ``patience`` steps without a new best accuracy, or

@@ -866,3 +866,13 @@ def test_bounds_section_refuses_a_bad_c_emp(tmp_path, bad):
     with pytest.raises((TypeError, ValueError), match=r"c_emp\['c_emp'\]"):
         bounds_report_section({"hidden_size": 3, "vocab_size": 6}, {}, rinf=1.0,
                               c_emp={"c_emp": bad}, out_dir=tmp_path)
+
+
+def test_accessible_fraction_bound_names_n_and_m_when_shapes_clash():
+    with pytest.raises(ValueError, match="n and m"):
+        B.accessible_fraction_bound([1, 2], [1, 2, 3], 1000.0, 49152)
+    # shapes that broadcast still give the bound: m = 2 vectors, log-packing 1000 nats each
+    f = B.accessible_fraction_bound(np.array([[1], [10**4]]), [1, 2], 1000.0, 49152, log=True)
+    assert f.shape == (2, 2)
+    np.testing.assert_array_equal(f[0], [0.0, 0.0])  # n = 1: every sequence fits
+    assert f[1, 1] < 0 and f[1, 1] - f[1, 0] == pytest.approx(1000.0)  # one more vector: +1000 nats

@@ -104,6 +104,11 @@ def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: 
     if np.any(nn < 1):
         raise ValueError(f"n: expected lengths >= 1, got min {nn.min()}")
     mm = _m_array(m)
+    try:
+        np.broadcast_shapes(nn.shape, np.shape(mm))
+    except ValueError:
+        raise ValueError(f"n and m: expected shapes that broadcast, got {nn.shape} and "
+                         f"{np.shape(mm)}") from None
     lp = _check_log_packing(log_packing)
     lam = _check_rate(rate, _check_vocab(vocab_size))
     logf = np.minimum(0.0, mm * lp - nn.astype(np.float64) * lam)

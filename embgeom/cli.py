@@ -314,7 +314,7 @@ def _add_cram_command(command, add_executor_arguments) -> None:
                       help="with --horizons: the longest prefix tried (default 64)")
     cram.add_argument("--target-source", choices=("random-tokens", "wordlist", "words"),
                       default="random-tokens",
-                      help="random-tokens (default; the theorem's count), wordlist (the paper's "
+                      help="random-tokens (the theorem's count), wordlist (the paper's "
                       "random text: random words of a 100k-word English list), words (random "
                       "whole-word tokens)")
     add_executor_arguments(cram, n_jobs=1)

@@ -851,8 +851,8 @@ def add_executor_arguments(parser, *, n_jobs: int = -1) -> None:
                        help="run the loops over tokens/samples/targets here (local) or on a Ray cluster")
     group.add_argument("--n-jobs", type=int, default=n_jobs,
                        help="local worker processes for the loops over tokens, samples or targets "
-                            f"(-1: every CPU; 1: one after the other in this process; default "
-                            f"{n_jobs}); the results are the same for every value")
+                            "(-1: every CPU; 1: one after the other in this process); the results are "
+                            "the same for every value")
     group.add_argument("--ray-address", default=None,
                        help="Ray cluster address (e.g. auto, HOST:6379, ray://HOST:10001); default "
                             "RAY_ADDRESS, else a new local cluster")

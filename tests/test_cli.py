@@ -3,6 +3,7 @@ one line and exit code 1 (a traceback with --debug); the flags every command tak
 
 from __future__ import annotations
 
+import re
 import pytest
 
 from embgeom.cli import main
@@ -293,6 +294,9 @@ def test_every_option_has_help_and_shows_its_default(command, capsys):
     for action in sub._actions:
         if action.default not in (None, False, 0, argparse_suppress()) and action.option_strings:
             assert f"(default: {action.default})" in text, (command, action.option_strings)
+            # ... and once: a help text that names its default as well reads it twice
+            assert len(re.findall(r"\bdefault\b", sub._get_formatter()._expand_help(action))) <= 1, (
+                command, action.option_strings)
     for flag in ("--quiet", "--verbose", "--no-progress", "--debug", "--seed"):
         assert flag in text
 

@@ -3,6 +3,7 @@ one line and exit code 1 (a traceback with --debug); the flags every command tak
 
 from __future__ import annotations
 
+import logging
 import re
 import pytest
 
@@ -24,11 +25,15 @@ def _run(capsys, argv):
     return exc.value.code, err
 
 
-def test_unknown_model_lists_known_names(capsys, tmp_path):
-    code, err = _run(capsys, ["report", "--model", "no-such-model", "--out", str(tmp_path / "r")])
+def test_unknown_model_lists_known_names(capsys, caplog, tmp_path):
+    with caplog.at_level(logging.INFO, logger="embgeom"):
+        code, err = _run(capsys, ["report", "--model", "no-such-model", "--out", str(tmp_path / "r")])
     assert code == 2
     assert "smollm2-135m" in err and "gemma-3-270m" in err
     assert "Traceback" not in err
+    logged = [r.getMessage() for r in caplog.records]
+    assert "load_model ..." in logged
+    assert not any("load_model done" in m for m in logged)  # a phase that raised is not done
 
 
 @pytest.mark.parametrize("argv, head", [
@@ -246,7 +251,6 @@ def test_cram_protocol_paper_runs_end_to_end_at_toy_scale(monkeypatch, tmp_path,
 # Conventions: --version, python -m embgeom, help text and defaults, -q/-v, --debug, outputs
 # ---------------------------------------------------------------------------------------------
 
-import logging  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 

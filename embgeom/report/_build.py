@@ -221,14 +221,18 @@ def build_report(
 @contextlib.contextmanager
 def _timed(timings: dict, name: str):
     """Record the wall time of the block in ``timings[name]`` (seconds, 2 decimals), and log the
-    phase's start and end at INFO (the sign of life when no progress bar is drawn)."""
+    phase's start and end at INFO (the sign of life when no progress bar is drawn). A phase
+    that raises is not called done: its error is what the user reads next."""
     _log.info("%s ...", name)
     t0 = time.perf_counter()
     try:
         yield
-    finally:
+    except BaseException:
         timings[name] = round(time.perf_counter() - t0, 2)
-        _log.info("%s done in %.0f s", name, timings[name])
+        _log.debug("%s failed after %.0f s", name, timings[name])
+        raise
+    timings[name] = round(time.perf_counter() - t0, 2)
+    _log.info("%s done in %.0f s", name, timings[name])
 
 
 def _report_sizes(quick: bool, lengths, n_per_length, n_cell_samples, heldout_lengths=None,

@@ -107,7 +107,7 @@ def log_sphere_area(d: int) -> float:
     return math.log(2.0) + 0.5 * d * math.log(math.pi) - float(special.gammaln(0.5 * d))
 
 
-def log_betainc_small(a: float, b: float, x) -> np.ndarray:
+def log_betainc_small(a: float, b: float, x, log_x=None) -> np.ndarray:
     """``log I_x(a, b)`` (regularised incomplete beta) by a log-space series, for ``b <= 1``.
 
     ``I_x = x^a (1-x)^b / (a B(a,b)) sum_n (a+b)_n/(a+1)_n x^n`` (DLMF 8.17.8 with 15.2.1). For
@@ -122,6 +122,10 @@ def log_betainc_small(a: float, b: float, x) -> np.ndarray:
         :func:`log_cap_fraction`).
     x : float or array_like of float
         Points in ``[0, 1)``.
+    log_x : array_like of float, optional
+        ``log x``, same shape, where the caller has it more precisely than ``log(x)``: where
+        ``x`` underflows to 0 (``x = sin^2 alpha`` for ``alpha < 1e-154``) the result is then
+        ``a log_x - log a - log B(a, b)``, finite, in place of ``-inf``.
 
     Returns
     -------
@@ -130,11 +134,18 @@ def log_betainc_small(a: float, b: float, x) -> np.ndarray:
     """
     x = np.atleast_1d(np.asarray(x, dtype=np.float64))
     out = np.full(x.shape, -np.inf)
-    pos = x > 0
+    if log_x is None:
+        with np.errstate(divide="ignore"):
+            log_x = np.log(x)
+    log_x = np.broadcast_to(np.asarray(log_x, dtype=np.float64), x.shape)
+    pos = log_x > -np.inf
     if not pos.any():
         return out
     xp = x[pos]
     xmax = float(xp.max())
+    if xmax <= 0.0:  # every x underflowed: the series is 1, the prefactor is the leading term
+        out[pos] = a * log_x[pos] - math.log(a) - special.betaln(a, b)
+        return out
     n_terms = int(min(2_000_000, max(10, math.ceil(-40.0 / math.log(xmax)) + 10))) if xmax < 1 else 2_000_000
     s = np.ones_like(xp)
     t = np.ones_like(xp)
@@ -143,7 +154,7 @@ def log_betainc_small(a: float, b: float, x) -> np.ndarray:
         s += t
         if k % 64 == 63 and float((t / s).max()) < 1e-17:
             break
-    out[pos] = a * np.log(xp) + b * np.log1p(-xp) - math.log(a) - special.betaln(a, b) + np.log(s)
+    out[pos] = a * log_x[pos] + b * np.log1p(-xp) - math.log(a) - special.betaln(a, b) + np.log(s)
     return out
 
 
@@ -196,7 +207,10 @@ def log_cap_fraction(half_angle, d: int):
         logI = np.log(special.betainc(a, b, x))
     small = ~(logI > -650.0)
     if small.any():
-        logI[small] = log_betainc_small(a, b, x[small])
+        # log x = 2 log sin: sin^2 underflows below alpha ~ 1e-154, sin itself only at 5e-324
+        with np.errstate(divide="ignore"):
+            log_x = 2.0 * np.log(np.sin(narrow[small]))
+        logI[small] = log_betainc_small(a, b, x[small], log_x)
     logI = np.where(narrow >= 0.5 * math.pi, 0.0, logI)  # sin^2 = 1 up to rounding
     logf = math.log(0.5) + logI
     wide = al > 0.5 * math.pi

@@ -280,6 +280,25 @@ def test_log_cap_fraction_closed_forms_and_range():
     assert np.all(np.diff(log_cap_fraction(grid, 576)) > 0)
 
 
+@pytest.mark.parametrize("alpha", [1e-20, 1e-100, 1e-160, 1e-170, 1e-300])
+def test_log_cap_fraction_of_a_needle_is_finite(alpha):
+    """sin^2 alpha underflows below alpha ~ 1e-154; the cap fraction's log does not. d = 3:
+    f = (1 - cos alpha) / 2 = sin^2(alpha / 2) exactly; d = 576: the series' leading term
+    f = x^a / (2 a B(a, 1/2)), x = sin^2 alpha, a = (d - 1)/2 (DLMF 8.17.8)."""
+    assert log_cap_fraction(alpha, 3) == pytest.approx(2 * math.log(math.sin(alpha / 2)), rel=1e-14)
+    a = 287.5
+    lead = math.log(0.5) + a * 2 * math.log(math.sin(alpha)) - math.log(a) - special.betaln(a, 0.5)
+    assert log_cap_fraction(alpha, 576) == pytest.approx(lead, rel=1e-14)
+    # ... and the cone's volume and packing bound with it (they were -inf: P >= 1 always)
+    import embgeom
+
+    cone = embgeom.Cone.from_params(np.ones(3), alpha, 1.0)
+    assert cone.log_volume == pytest.approx(math.log(4 / 3 * math.pi) + 2 * math.log(math.sin(alpha / 2)),
+                                            rel=1e-13)
+    lp = embgeom.log_packing_number(cone, 1e-3)
+    assert math.isfinite(lp) and lp >= 0.0
+
+
 # ---------------------------------------------------------------- final-norm shell
 def _norm(kind, d, rng, eps=1e-6):
     g = rng.uniform(0.2, 3.0, d) * rng.choice([-1, 1], d)

@@ -876,3 +876,19 @@ def test_accessible_fraction_bound_names_n_and_m_when_shapes_clash():
     assert f.shape == (2, 2)
     np.testing.assert_array_equal(f[0], [0.0, 0.0])  # n = 1: every sequence fits
     assert f[1, 1] < 0 and f[1, 1] - f[1, 0] == pytest.approx(1000.0)  # one more vector: +1000 nats
+
+
+@pytest.mark.parametrize("shift", [0.0, -1e3, -1e17, -1e20, -1e300])
+def test_rate_from_logs_renormalises_far_shifted_log_shares(shift):
+    """Renormalising divides the shares by their sum, so a common shift of the log-shares
+    cancels: 50 equal shares give lambda = log 50 at any shift (at -1e17 and beyond the
+    renormalised log-shares used to round to 0 and lambda to 0, below log|V|)."""
+    from embgeom import cell_volume_rate_from_logs
+
+    r = cell_volume_rate_from_logs(np.full(50, shift), 8, n_boot=0, normalize=True)
+    assert r.rate == pytest.approx(math.log(50), abs=1e-12)
+    assert r.rate_asymptotic == pytest.approx(math.log(50), abs=1e-12)
+    x = np.log(np.random.default_rng(0).dirichlet(np.ones(50)))
+    a = cell_volume_rate_from_logs(x, 8, n_boot=0)
+    b = cell_volume_rate_from_logs(x + max(shift, -1e3), 8, n_boot=0)
+    assert b.rate == pytest.approx(a.rate, abs=1e-9) and a.rate_asymptotic >= math.log(50)

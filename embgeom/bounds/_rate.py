@@ -513,8 +513,20 @@ def _log_total(v: np.ndarray, V: int) -> float:
 
 
 def _normalised(v: np.ndarray, V: int, norm: bool) -> np.ndarray:
-    """The log-shares divided by their estimated sum when ``norm``, else as given."""
-    return v - _log_total(v, V) if norm else v
+    """The log-shares divided by their estimated sum when ``norm``, else as given.
+
+    Shifted by their largest finite value first: ``v - max`` is exact where the values are
+    within a factor 2 of each other (Sterbenz), so log-shares of ``-1e20`` each renormalise to
+    ``-log|V|`` (``v - log_total`` lost the ``log|V|`` below the ulp of ``1e20``).
+    """
+    if not norm:
+        return v
+    finite = v[np.isfinite(v)]
+    if finite.size == 0:
+        return v - _log_total(v, V)
+    with np.errstate(invalid="ignore"):
+        u = v - float(finite.max())
+    return u - _log_total(u, V)
 
 
 def _log_share_bootstrap(x, lo, unresolved, empty, V: int, norm: bool, sample: bool, ks,

@@ -30,6 +30,15 @@ from ._validation import check_positive, check_positive_int, check_probability, 
 from .cells import Decoder
 from .parallel import executor_scope, task_seed
 
+#: spawn_key element of :meth:`CellVolumes.top_share_if_equal`'s stream (above any token id)
+_BASELINE_STREAM = 2**32 - 1
+
+
+def _copy_seed(root: np.random.SeedSequence) -> np.random.SeedSequence:
+    """A copy of ``root`` (same entropy, spawn key and pool), so that a result never holds,
+    and never advances, the caller's own object."""
+    return np.random.SeedSequence(root.entropy, spawn_key=root.spawn_key, pool_size=root.pool_size)
+
 __all__ = ["CellVolumes", "cell_volumes", "vocabulary_cell_volumes",
            "load_vocabulary_cell_volumes", "binomial_interval", "wilson_interval",
            "ConeMeasure", "log_cone_gaussian_measure"]
@@ -306,8 +315,10 @@ class CellVolumes:
         k = max(1, math.ceil(q * V))
         if k >= self.n_samples:  # at most n_samples cells are hit: the top k hold them all
             return 1.0
+        # a named sub-stream of the result's seed (no spawn: that would advance the seed, and
+        # a second call would draw other multinomials); the key lies above every token's
         seed = self.seed if isinstance(self.seed, np.random.SeedSequence) else None
-        rng = np.random.default_rng(seed.spawn(1)[0] if seed is not None else 0)
+        rng = np.random.default_rng(seed_sequence(seed, _BASELINE_STREAM) if seed is not None else 0)
         p = np.full(V, 1.0 / V)
         total = 0
         for _ in range(n_draws):
@@ -757,7 +768,7 @@ def cell_volumes(
         interval=interval,
         support_log_volume=log_vol,
         sampling="directions" if directions else "support",
-        seed=root,
+        seed=_copy_seed(root),
         seconds=time.perf_counter() - t0,
         extra=extra,
         estimator=estimator,

@@ -333,8 +333,23 @@ def test_top_share_baseline_of_equal_cells():
     b = cv(49152, 10_000).top_share_if_equal(0.01)
     assert 0.08 < b < 0.12
     assert b == cv(49152, 10_000).top_share_if_equal(0.01)  # seeded from the result's seed
+    one = cv(49152, 10_000)
+    assert one.top_share_if_equal(0.01) == one.top_share_if_equal(0.01) == b  # and again
+    assert one.seed.n_children_spawned == 0  # the result's seed is not advanced
     with pytest.raises(ValueError, match="n_draws"):
         cv(10, 10).top_share_if_equal(0.01, n_draws=0)
+
+
+def test_cell_volumes_neither_holds_nor_advances_the_callers_seed_sequence():
+    dec = Decoder(cross_polytope(3))
+    ss = np.random.SeedSequence(7)
+    cv = cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 500, seed=ss, progress=False)
+    a = cv.top_share_if_equal(0.1)
+    assert cv.top_share_if_equal(0.1) == a
+    assert ss.n_children_spawned == 0 and cv.seed is not ss
+    assert (cv.seed.entropy, cv.seed.spawn_key) == (ss.entropy, ss.spawn_key)
+    again = cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 500, seed=cv.seed, progress=False)
+    np.testing.assert_array_equal(again.counts, cv.counts)
 
 
 def test_top_share_baseline_refuses_absurd_draws():

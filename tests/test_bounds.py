@@ -892,3 +892,15 @@ def test_rate_from_logs_renormalises_far_shifted_log_shares(shift):
     a = cell_volume_rate_from_logs(x, 8, n_boot=0)
     b = cell_volume_rate_from_logs(x + max(shift, -1e3), 8, n_boot=0)
     assert b.rate == pytest.approx(a.rate, abs=1e-9) and a.rate_asymptotic >= math.log(50)
+
+
+@pytest.mark.parametrize("k_max", [257, 10**6])
+def test_rate_refuses_a_k_max_that_would_run_for_hours(k_max):
+    """The median curve costs about k_max^2: 10**6 ran for hours with no sign of it."""
+    from embgeom import cell_volume_rate, cell_volume_rate_from_logs
+
+    p = np.random.default_rng(0).dirichlet(np.ones(50))
+    with pytest.raises(ValueError, match="k_max: expected at most 256"):
+        cell_volume_rate(p, k_max)
+    with pytest.raises(ValueError, match="k_max: expected at most 256"):
+        cell_volume_rate_from_logs(np.log(p), k_max)

@@ -308,7 +308,8 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
         come back here with their intervals and sample count); ``lower``, ``upper`` and
         ``n_samples`` must then be left out (they are the object's own).
     k_max : int, default 32
-        Largest number of tokens ``k``; the fit uses ``k = 1..k_max``.
+        Largest number of tokens ``k``, 1 to :data:`K_MAX_LIMIT` (256); the fit uses
+        ``k = 1..k_max``.
     max_support : int, default 4096
         Grid size (atoms) of the discretised distribution of one log-fraction when the exact
         enumeration is too large.
@@ -343,7 +344,7 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     ------
     TypeError, ValueError
         Not a 1-D float array, NaN/inf, negative entries, fewer than 2 tokens, a sum away from
-        1, ``k_max < 1``, ``max_support < 2``, mismatched ``lower``/``upper`` shapes,
+        1, ``k_max`` outside [1, 256], ``max_support < 2``, mismatched ``lower``/``upper`` shapes,
         ``n_boot > 0`` without ``n_samples``; ``lower``, ``upper`` or ``n_samples`` given with a
         ``CellVolumes``.
 
@@ -401,7 +402,7 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     n_boot = 0 if n_boot is None else n_boot
     normalize = True if normalize is None else normalize
     f = _check_fractions(fractions, "fractions", sum_tol)
-    k_max = check_positive_int(k_max, "k_max")
+    k_max = _check_k_max(k_max)
     max_support = check_positive_int(max_support, "max_support", minimum=2)
     exact_limit = check_positive_int(exact_limit, "exact_limit")
     n_boot = check_positive_int(n_boot, "n_boot", minimum=0)
@@ -505,6 +506,20 @@ def _check_logs(log_fractions, log_lower, log_upper, vocab_size):
     return x, lo, hi, V
 
 
+#: Largest ``k_max`` accepted: the median curve's cost grows about as ``k_max^2`` (13 s at
+#: 200 on 50 tokens, minutes beyond 500), and lambda's fit has settled long before (32 is the
+#: default; docs/theory.md, section 5).
+K_MAX_LIMIT = 256
+
+
+def _check_k_max(k_max) -> int:
+    k_max = check_positive_int(k_max, "k_max")
+    if k_max > K_MAX_LIMIT:
+        raise ValueError(f"k_max: expected at most {K_MAX_LIMIT} (the cost grows as k_max^2 and "
+                         f"the fit of lambda has settled long before), got {k_max}")
+    return k_max
+
+
 def _log_total(v: np.ndarray, V: int) -> float:
     """``log(|V| mean_t exp(v_t))``: the estimated log of the shares' sum (0 when proper)."""
     from scipy.special import logsumexp
@@ -601,7 +616,8 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
         ``(|V|,)`` array with ``nan`` outside a token sample (``CellVolumes.log_fractions``)
         is the same as the sample's entries with ``vocab_size=|V|``.
     k_max : int, default 32
-        Largest number of tokens ``k``; the fit uses ``k = 1..k_max``.
+        Largest number of tokens ``k``, 1 to :data:`K_MAX_LIMIT` (256); the fit uses
+        ``k = 1..k_max``.
     log_lower, log_upper : array_like of float, shape (n,), optional
         Per-token two-sided ``token_confidence`` interval ends (nats). With them the bootstrap
         also redraws each token's log-share within its interval.
@@ -641,7 +657,8 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     TypeError, ValueError
         Not 1-D float arrays; a log-share > 0 or ``+inf``; mismatched shapes; fewer than 2
         tokens with figures; ``vocab_size`` below their number; a ``nan`` log-share without an
-        upper end; ``log_lower > log_fractions`` or ``log_upper < log_fractions``; ``k_max < 1``;
+        upper end; ``log_lower > log_fractions`` or ``log_upper < log_fractions``;
+        ``k_max`` outside [1, 256];
         ``n_boot < 0``; levels outside (0, 1); an unknown ``normalize``.
 
     Notes
@@ -676,7 +693,7 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     True
     """
     x, lo, hi, V = _check_logs(log_fractions, log_lower, log_upper, vocab_size)
-    k_max = check_positive_int(k_max, "k_max")
+    k_max = _check_k_max(k_max)
     max_support = check_positive_int(max_support, "max_support", minimum=2)
     exact_limit = check_positive_int(exact_limit, "exact_limit")
     n_boot = check_positive_int(n_boot, "n_boot", minimum=0)

@@ -1523,6 +1523,9 @@ class _TokenRuns:
         costs whole blocks and another run only one more pass over W.
         """
         n = sum(self.blocks)
+        # a tiny target_se (1e-160) wants as many as allowed; (se / target_se)^2 would overflow
+        if not se < self.target_se * math.sqrt(self.max_runs / n):
+            return self.max_runs
         x = n * (se / self.target_se) ** 2
         want = max(2, round(x)) if n == 1 else math.ceil(x)
         return min(self.max_runs, max(want, n + 1))

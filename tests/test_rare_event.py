@@ -676,6 +676,12 @@ def test_default_budget_adapts_per_token():
     again = cell_volumes(Decoder(W), ball, 500, seed=0, tokens=[0], progress=False,
                          rare_event_options={"max_runs": 2})
     assert again.log_fractions[0] == capped.log_fractions[0] != one.log_fractions[0]
+    # a tiny target (its square's ratio overflowed: OverflowError) runs to the cap and says so
+    for tiny in (1e-3, 1e-160, 5e-324):
+        with pytest.warns(RuntimeWarning, match="max_runs=2"):
+            t = cell_volumes(Decoder(W), ball, 500, seed=0, tokens=[0], progress=False,
+                             target_se=tiny, rare_event_options={"max_runs": 2})
+        assert t.log_fractions[0] == capped.log_fractions[0]
     for bad in (0, -0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="target_se"):
             cell_volumes(Decoder(W), ball, 100, seed=0, target_se=bad, progress=False)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
+import embgeom
 from embgeom import bounds as B
 from embgeom.supports import Ball, Box, Cone, Ellipsoid, FinalNormShell
 
@@ -904,3 +905,39 @@ def test_rate_refuses_a_k_max_that_would_run_for_hours(k_max):
         cell_volume_rate(p, k_max)
     with pytest.raises(ValueError, match="k_max: expected at most 256"):
         cell_volume_rate_from_logs(np.log(p), k_max)
+
+
+def test_bounds_refuse_overflow_instead_of_returning_inf():
+    """A subnormal rate, or a cliff past float64, was returned as inf (a silent non-number)."""
+    from embgeom.bounds import slope_from_log_packing
+
+    with pytest.raises(ValueError, match="rate: expected nats per token of at least"):
+        embgeom.n_star(10, 10.0, 100, rate=1e-320)
+    with pytest.raises(ValueError, match="rate"):
+        embgeom.linear_law_slope(8, 1.0, 1e-3, 100, rate=1e-320)
+    with pytest.raises(ValueError, match="rate"):
+        embgeom.threshold_length_unbounded(10.0, 100, rate=1e-320)
+    with pytest.raises(ValueError, match="m and log_packing: m log P overflows"):
+        embgeom.n_star(10, 1e308, 100)
+    with pytest.raises(ValueError, match="log_packing and rate: C = log_packing / rate overflows"):
+        slope_from_log_packing(1e300, 100, 1e-10)
+    # the largest normal rate still divides: 1 / 1e-300 is finite
+    assert embgeom.n_star(1, 1.0, 100, rate=1e-300) == pytest.approx(1e300)
+    # P = 1: no number of ordered vectors reaches the multiset count (was nan)
+    assert embgeom.threshold_length_unbounded(0.0, 100)["ordered_equivalent_m"] == math.inf
+
+
+def test_bounds_take_integers_beyond_int64_and_name_empty_lengths():
+    assert embgeom.n_star(10**30, 10.0, 100) == pytest.approx(1e31 / math.log(100), rel=1e-15)
+    assert embgeom.accessible_fraction_bound(10**30, 1, 10.0, 100) == 0.0
+    logf = embgeom.accessible_fraction_bound([1, 10**30], 1, 10.0, 100, log=True)
+    np.testing.assert_allclose(logf, [0.0, 10.0 - 1e30 * math.log(100)], rtol=1e-15)
+    a = embgeom.threshold_length_unbounded(10.0, 100, context_length=[5, 10**30])["n_threshold"]
+    b = embgeom.threshold_length_unbounded(10.0, 100, context_length=5)["n_threshold"]
+    assert a[0] == pytest.approx(b) and a[1] == embgeom.threshold_length_unbounded(10.0, 100)["n_threshold"]
+    with pytest.raises(ValueError, match="n: expected at least one length"):
+        embgeom.accessible_fraction_bound(np.array([], int), 1, 10.0, 100)
+    with pytest.raises(ValueError, match="context_length: expected at least one length"):
+        embgeom.threshold_length_unbounded(10.0, 100, context_length=np.array([], int))
+    with pytest.raises(TypeError, match="m: expected an integer"):
+        embgeom.n_star([True, 2**70], 10.0, 100)  # a bool among big ints is still refused

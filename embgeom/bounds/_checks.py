@@ -19,10 +19,26 @@ def _check_vocab(vocab_size) -> int:
 
 
 def _check_rate(rate, vocab_size) -> float:
-    """The per-token rate (nats): ``log|V|`` by default, or a positive number."""
+    """The per-token rate (nats): ``log|V|`` by default, or a positive normal number (a
+    subnormal one, below 2.2e-308, has lost its digits and overflows every division)."""
     if rate is None:
         return math.log(vocab_size)
-    return check_positive(rate, "rate")
+    lam = check_positive(rate, "rate")
+    if lam < np.finfo(np.float64).tiny:
+        raise ValueError(f"rate: expected nats per token of at least "
+                         f"{np.finfo(np.float64).tiny:.3g} (a normal float64), got {lam!r}")
+    return lam
+
+
+def _per_token(log_count, lam: float, what: str, names: str):
+    """``log_count / lam`` (nats over nats per token: tokens), refused where it overflows
+    float64 instead of returned as ``inf`` (the count itself is finite)."""
+    with np.errstate(over="ignore"):
+        out = np.asarray(log_count, dtype=np.float64) / lam
+    if not np.all(np.isfinite(out[np.isfinite(np.asarray(log_count, dtype=np.float64))])):
+        raise ValueError(f"{names}: {what} = {names.replace(' and ', ' / ')} overflows float64 "
+                         f"(above 1.8e308 tokens); got rate {lam!r} nats per token")
+    return out
 
 
 def _check_log_packing(log_packing) -> float:
@@ -34,8 +50,22 @@ def _check_log_packing(log_packing) -> float:
     return v
 
 
+def _exact_ints(x):
+    """``np.asarray(x)``, with Python ints beyond int64 (``10**30``, an object array) taken as
+    float64 instead of refused as 'not integers'; other arrays as they are."""
+    arr = np.asarray(x)
+    if arr.dtype == object and arr.size and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr.flat):
+        return arr.astype(np.float64), True
+    return arr, False
+
+
 def _m_array(m) -> np.ndarray:
-    arr = np.asarray(m)
+    arr, big = _exact_ints(m)
+    if big:
+        if np.any(arr < 1):
+            raise ValueError(f"m: expected integers >= 1, got min {arr.min()}")
+        return arr
     if arr.size == 0:  # a value problem, not a type one: np.asarray([]) is float64
         raise ValueError(f"m: expected at least one number of prompt vectors (an integer >= 1 "
                          f"or a non-empty array of them), got {m!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _check_log_packing, _check_rate, _check_vocab, _m_array
+from ._checks import _check_log_packing, _check_rate, _check_vocab, _exact_ints, _m_array, _per_token
 from ._packing import theorem45_log_count
 
 __all__ = ["linear_law_slope", "n_star", "accessible_fraction_bound"]
@@ -34,7 +34,8 @@ def linear_law_slope(d, r, eps, vocab_size, rate=None) -> float:
         As :func:`theorem45_log_count`, plus ``vocab_size < 2`` and ``rate <= 0``.
     """
     V = _check_vocab(vocab_size)
-    return theorem45_log_count(d, 1, r, eps) / _check_rate(rate, V)
+    return float(_per_token(theorem45_log_count(d, 1, r, eps), _check_rate(rate, V), "C",
+                            "d log(1 + 2r/eps) and rate"))
 
 
 def n_star(m, log_packing, vocab_size, rate=None) -> np.ndarray:
@@ -60,12 +61,19 @@ def n_star(m, log_packing, vocab_size, rate=None) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        ``m < 1`` or empty, ``log_packing < 0`` or NaN, ``vocab_size < 2``, ``rate <= 0``.
+        ``m < 1`` or empty, ``log_packing < 0`` or NaN, ``vocab_size < 2``, ``rate <= 0`` or
+        subnormal, a cliff beyond float64 (``m log P / rate`` above 1.8e308 tokens).
+        Integers beyond int64 (``10**30``) are accepted, as float64.
     """
     mm = _m_array(m)
     lp = _check_log_packing(log_packing)
     lam = _check_rate(rate, _check_vocab(vocab_size))
-    return mm * lp / lam
+    with np.errstate(over="ignore"):
+        count = mm * lp
+    if not np.all(np.isfinite(count)):
+        raise ValueError(f"m and log_packing: m log P overflows float64 (got log_packing {lp!r} "
+                         f"nats, largest m {mm.max():.3g})")
+    return _per_token(count, lam, "n*", "m log_packing and rate")
 
 
 def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: bool = False):
@@ -98,8 +106,11 @@ def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: 
     TypeError, ValueError
         As :func:`n_star`, and ``n < 1``.
     """
-    nn = np.asarray(n)
-    if nn.dtype.kind not in "iu" or nn.size == 0:
+    nn, big_n = _exact_ints(n)
+    if nn.size == 0:
+        raise ValueError(f"n: expected at least one length (an integer >= 1 or a non-empty "
+                         f"array of them), got {n!r}")
+    if nn.dtype.kind not in "iu" and not big_n:
         raise TypeError(f"n: expected an integer or an array of integers, got {n!r}")
     if np.any(nn < 1):
         raise ValueError(f"n: expected lengths >= 1, got min {nn.min()}")

@@ -31,7 +31,7 @@ import numpy as np
 
 from .._special import log1p_ratio
 from .._validation import check_positive, check_positive_int
-from ._checks import _check_eps, _check_log_packing, _check_rate, _check_vocab
+from ._checks import _check_eps, _check_log_packing, _check_rate, _check_vocab, _per_token
 from ._rate import CellVolumeRate
 
 __all__ = ["packing_bound_terms", "log_packing_number", "accessible_log_count", "slope_bound",
@@ -227,7 +227,8 @@ def slope_bound(support, eps, vocab_size, rate=None, *, variant: str = "rigorous
     """
     V = _check_vocab(vocab_size)
     lam = _rate_value(rate, V, conservative)
-    return log_packing_number(support, eps, variant=variant) / lam
+    return float(_per_token(log_packing_number(support, eps, variant=variant), lam, "C",
+                            "log_packing_number and rate"))
 
 
 def slope_from_log_packing(log_packing, vocab_size, rate=None, *, conservative: bool = False) -> float:
@@ -265,7 +266,8 @@ def slope_from_log_packing(log_packing, vocab_size, rate=None, *, conservative: 
     4.0
     """
     V = _check_vocab(vocab_size)
-    return _check_log_packing(log_packing) / _rate_value(rate, V, conservative)
+    return float(_per_token(_check_log_packing(log_packing), _rate_value(rate, V, conservative),
+                            "C", "log_packing and rate"))
 
 
 def _rate_value(rate, V: int, conservative: bool) -> float:

@@ -8,7 +8,7 @@ import numpy as np
 from scipy import special
 
 from .._validation import check_positive_int
-from ._checks import _check_log_packing, _check_rate, _check_vocab
+from ._checks import _check_log_packing, _check_rate, _check_vocab, _exact_ints, _per_token
 
 __all__ = ["log_multiset_count", "threshold_length_unbounded"]
 
@@ -43,8 +43,8 @@ def log_multiset_count(log_points, n) -> np.ndarray:
     ``log(P+j) <= log P + j/P``), whose last term is below 1e-290.
     """
     lp = _check_log_packing(log_points)
-    nn = np.asarray(n)
-    if nn.dtype.kind not in "iu":
+    nn, big = _exact_ints(n)
+    if nn.dtype.kind not in "iu" and not big:
         raise TypeError(f"n: expected integers, got {n!r}")
     if np.any(nn < 0):
         raise ValueError(f"n: expected integers >= 0, got min {nn.min()}")
@@ -91,7 +91,8 @@ def threshold_length_unbounded(log_packing, vocab_size, *, weight_bits: int = 11
     ------
     TypeError, ValueError
         ``log_packing < 0``/NaN, ``vocab_size < 2``, ``weight_bits < 1`` or > 62,
-        ``context_length < 1``, ``rate <= 0``.
+        ``context_length < 1`` or empty, ``rate <= 0`` or subnormal, a threshold beyond
+        float64. Integers beyond int64 (``10**30``) are accepted, as float64.
 
     Notes
     -----
@@ -114,22 +115,25 @@ def threshold_length_unbounded(log_packing, vocab_size, *, weight_bits: int = 11
     log_unb = float(log_multiset_count(lp, K))
     out = {
         "log_count_unbounded": log_unb,
-        "n_threshold_unbounded": log_unb / lam,
+        "n_threshold_unbounded": float(_per_token(log_unb, lam, "N", "log_count_unbounded and rate")),
         "weight_levels": K,
-        "ordered_equivalent_m": log_unb / lp if lp > 0 else float("nan"),
+        # P = 1 (log P = 0): no number of ordered vectors reaches the count, inf
+        "ordered_equivalent_m": log_unb / lp if lp > 0 else float("inf"),
         "rate": lam,
     }
     if context_length is None:
         out["log_count"] = log_unb
-        out["n_threshold"] = log_unb / lam
+        out["n_threshold"] = out["n_threshold_unbounded"]
         return out
-    L = np.asarray(context_length)
-    if L.dtype.kind not in "iu" or L.size == 0:
+    L, big = _exact_ints(context_length)
+    if L.size == 0:
+        raise ValueError(f"context_length: expected at least one length, got {context_length!r}")
+    if L.dtype.kind not in "iu" and not big:
         raise TypeError(f"context_length: expected integers, got {context_length!r}")
     if np.any(L < 1):
         raise ValueError(f"context_length: expected integers >= 1, got min {L.min()}")
-    log_L = np.minimum(log_multiset_count(lp, L), log_unb)
+    log_L = np.minimum(log_multiset_count(lp, context_length), log_unb)
     out["context_length"] = L
     out["log_count"] = log_L
-    out["n_threshold"] = log_L / lam
+    out["n_threshold"] = _per_token(log_L, lam, "N", "log_count and rate")
     return out

@@ -690,3 +690,16 @@ def test_support_base_is_abstract():
 
     with pytest.raises(TypeError, match="_gauge"):
         NoGauge()
+
+
+@pytest.mark.parametrize("shape", ["ball", "ellipsoid", "cone", "box"])
+def test_gauge_of_far_points_grows_linearly_without_overflow(shape):
+    """Far outside any support the gauge grows like the points' size; the ellipsoid's squared
+    its coordinates and gave inf for points of size 1e300 (the others stayed finite)."""
+    from embgeom import fit_support
+
+    X = np.random.default_rng(0).standard_normal((60, 4)) + [3.0, 0, 0, 0]
+    S = fit_support(X, shape=shape)
+    far, farther = S.gauge(X * 1e290), S.gauge(X * 1e300)
+    assert np.all(np.isfinite(farther))
+    np.testing.assert_allclose(farther / far, 1e10, rtol=1e-9)

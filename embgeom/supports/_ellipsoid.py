@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 
-from .._special import log1p_ratio, log_unit_ball_volume
+from .._special import log1p_ratio, log_unit_ball_volume, row_norms
 from .._validation import check_array, check_positive, check_positive_int, check_probability, check_seed
 from ._base import (
     _SOLVERS,
@@ -365,8 +365,10 @@ class Ellipsoid(Support):
         return log_unit_ball_volume(self.dim) + float(np.sum(np.log(self.semi_axes_)))
 
     def _gauge(self, X):
-        Y = (X - self.center_) @ self.axes_.T / self.semi_axes_
-        return np.sqrt(np.einsum("ij,ij->i", Y, Y))
+        # |Y| by row_norms, as the ball: squaring overflowed for points of size 1e160 and up
+        with np.errstate(over="ignore"):
+            Y = (X - self.center_) @ self.axes_.T / self.semi_axes_
+        return row_norms(Y)
 
     def sample(self, n: int, seed=None) -> np.ndarray:
         """``n`` points uniform in the ellipsoid (uniform in the ball, mapped linearly).

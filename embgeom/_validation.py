@@ -148,7 +148,7 @@ def check_array(
         x = _from_torch(x, name)
     elif _is_pandas(x):
         x = _from_pandas(x, name, "f")
-    arr = np.asarray(x)
+    arr = as_array(x, name)
     if arr.dtype == np.float16:
         raise TypeError(
             f"{name}: float16 input is refused (11 significant bits); cast it to float32 or "
@@ -166,6 +166,24 @@ def check_array(
         raise ValueError(f"{name}: contains {bad} NaN or infinite value(s)")
     out_dtype = arr.dtype if dtype is None else np.dtype(dtype)
     return np.ascontiguousarray(arr, dtype=out_dtype)
+
+
+def as_array(x, name: str) -> np.ndarray:
+    """``np.asarray(x)``, with numpy's error for ragged nested lists ("setting an array element
+    with a sequence") reworded to name the argument.
+
+    Raises
+    ------
+    ValueError
+        ``x`` is a ragged nested sequence (rows of different lengths).
+    """
+    try:
+        return np.asarray(x)
+    except ValueError as exc:
+        if "inhomogeneous" in str(exc) or "sequence" in str(exc):
+            raise ValueError(f"{name}: expected a rectangular array, got nested sequences of "
+                             f"different lengths (ragged rows)") from None
+        raise
 
 
 def check_positive(x, name: str, *, allow_zero: bool = False) -> float:

@@ -941,3 +941,21 @@ def test_bounds_take_integers_beyond_int64_and_name_empty_lengths():
         embgeom.threshold_length_unbounded(10.0, 100, context_length=np.array([], int))
     with pytest.raises(TypeError, match="m: expected an integer"):
         embgeom.n_star([True, 2**70], 10.0, 100)  # a bool among big ints is still refused
+
+
+def test_rate_and_bound_flags_are_checked():
+    """Strings where bools go, None for a format, a negative tolerance and crossed intervals
+    were accepted (a truthy 'yes' or float64 silently)."""
+    p = np.random.default_rng(0).dirichlet(np.ones(50))
+    with pytest.raises(ValueError, match="sum_tol: expected a number >= 0"):
+        embgeom.cell_volume_rate(p, 8, sum_tol=-1)
+    with pytest.raises(TypeError, match="dtype_or_bits: .* got None"):
+        embgeom.precision_eps(1.0, None)
+    with pytest.raises(TypeError, match="log: expected True or False"):
+        embgeom.accessible_fraction_bound(5, 1, 10.0, 100, log="yes")
+    with pytest.raises(TypeError, match="normalize: expected True, False or None"):
+        embgeom.cell_volume_rate(p, 8, normalize="yes")
+    with pytest.raises(ValueError, match="lower and upper: expected lower <= upper"):
+        embgeom.cell_volume_rate(p, 8, lower=p * 1.1, upper=p * 0.9)
+    ok = embgeom.cell_volume_rate(p, 8, lower=p * 0.9, upper=p * 1.1)
+    assert ok.rate == pytest.approx(embgeom.cell_volume_rate(p, 8).rate)

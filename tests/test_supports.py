@@ -703,3 +703,19 @@ def test_gauge_of_far_points_grows_linearly_without_overflow(shape):
     far, farther = S.gauge(X * 1e290), S.gauge(X * 1e300)
     assert np.all(np.isfinite(farther))
     np.testing.assert_allclose(farther / far, 1e10, rtol=1e-9)
+
+
+def test_points_ragged_or_object_arrays_of_bools_and_float16_are_refused_by_name():
+    import embgeom
+    from embgeom import fit_support
+
+    with pytest.raises(ValueError, match="H: expected a rectangular array"):
+        fit_support([[1.0, 2.0], [1.0]], "box")
+    with pytest.raises(TypeError, match="H: expected real floats, got dtype object holding a bool"):
+        fit_support(np.array([[True, False], [False, True], [True, True]], dtype=object), "box")
+    with pytest.raises(TypeError, match="H: float16 input is refused"):
+        fit_support(np.array([[np.float16(1), 2.0], [3.0, 4.0], [5.0, 7.0]], dtype=object), "box")
+    X = [[1.0, 2.0], [3.0, 4.0], [5.0, 7.0], [1.0, 9.0]]
+    assert fit_support(np.array(X, dtype=object), "box").log_volume == fit_support(np.array(X), "box").log_volume
+    with pytest.raises(ValueError, match="H: expected a rectangular array"):
+        embgeom.Decoder(np.eye(3, dtype=np.float32)).assign([[1.0, 2.0], [1.0]])

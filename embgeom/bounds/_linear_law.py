@@ -122,5 +122,7 @@ def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: 
                          f"{np.shape(mm)}") from None
     lp = _check_log_packing(log_packing)
     lam = _check_rate(rate, _check_vocab(vocab_size))
+    if not isinstance(log, (bool, np.bool_)):
+        raise TypeError(f"log: expected True or False, got {log!r}")
     logf = np.minimum(0.0, mm * lp - nn.astype(np.float64) * lam)
     return logf if log else np.exp(logf)

@@ -28,6 +28,8 @@ MAX_BITS = 113
 
 
 def _format_bits(dtype_or_bits) -> int:
+    if dtype_or_bits is None:  # np.dtype(None) is float64: a silent default nobody asked for
+        raise TypeError("dtype_or_bits: expected a dtype, a format name or an int of bits, got None")
     if isinstance(dtype_or_bits, bool):
         raise TypeError("dtype_or_bits: expected a dtype, a format name or an int of bits, got bool")
     if isinstance(dtype_or_bits, (numbers.Integral, np.integer)):

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .._json import to_jsonable
-from .._validation import check_array, check_positive_int, check_seed
+from .._validation import check_array, check_positive, check_positive_int, check_seed
 
 __all__ = ["CellVolumeRate", "cell_volume_rate", "cell_volume_rate_from_logs"]
 
@@ -163,6 +163,8 @@ def _check_fractions(fractions, name: str, sum_tol: float | None) -> np.ndarray:
         raise ValueError(f"{name}: fractions must be >= 0, got min {f.min()}")
     if np.any(f > 1 + 1e-12):
         raise ValueError(f"{name}: fractions must be <= 1, got max {f.max()}")
+    if sum_tol is not None:
+        sum_tol = check_positive(sum_tol, "sum_tol", allow_zero=True)
     if sum_tol is not None and abs(float(f.sum()) - 1.0) > sum_tol:
         raise ValueError(
             f"{name}: cell-volume fractions must sum to 1 (tolerance {sum_tol}), got {f.sum():.9g}"
@@ -401,6 +403,8 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
                                           normalize=normalize)
     n_boot = 0 if n_boot is None else n_boot
     normalize = True if normalize is None else normalize
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise TypeError(f"normalize: expected True, False or None, got {normalize!r}")
     f = _check_fractions(fractions, "fractions", sum_tol)
     k_max = _check_k_max(k_max)
     max_support = check_positive_int(max_support, "max_support", minimum=2)
@@ -417,6 +421,9 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
         lo = _check_fractions(lower, "lower", None)
         if lo.shape != f.shape:
             raise ValueError(f"lower: expected shape {f.shape}, got {lo.shape}")
+    if lo is not None and up is not None and np.any(lo > up):
+        raise ValueError(f"lower and upper: expected lower <= upper for every token, got lower > "
+                         f"upper for {int(np.sum(lo > up))} token(s)")
     if n_boot > 0 and n_samples is None:
         raise ValueError("n_boot: a bootstrap needs n_samples (the Monte Carlo sample count)")
 

@@ -23,7 +23,7 @@ from sklearn.utils.validation import _get_feature_names, check_is_fitted
 
 from .._json import to_jsonable
 from .._special import row_norms, vector_norm
-from .._validation import check_array, check_positive, check_positive_int
+from .._validation import as_array, check_array, check_positive, check_positive_int
 
 try:  # scikit-learn >= 1.6: a function of sklearn.utils.validation
     from sklearn.utils.validation import _check_feature_names as _sk_check_feature_names
@@ -185,6 +185,13 @@ _TORCH_INTS = frozenset(f"torch.{t}" for t in ("int8", "int16", "int32", "int64"
 def _object_to_float(arr: np.ndarray, name: str) -> np.ndarray:
     """An object array of numbers as float64; text and other objects refused by name."""
     for v in arr.flat:  # a Python loop, on object arrays only
+        # the rules of a typed array hold inside an object one: booleans and float16 refused
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected real floats, got dtype object holding a bool "
+                            f"({v!r}); booleans are not coordinates")
+        if isinstance(v, np.float16):
+            raise TypeError(f"{name}: float16 input is refused (11 significant bits), also inside "
+                            "an object array; cast it to float32 or float64 explicitly")
         if isinstance(v, (str, bytes)):
             raise TypeError(
                 f"{name}: expected a real floating-point array, got dtype object holding a "
@@ -242,7 +249,7 @@ def as_real_points(X, name: str = "X"):
                 k in "iu" or (k == "f" and getattr(d, "itemsize", 8) >= 4) for k, d in zip(kinds, dtypes)):
             return X.to_numpy(dtype=np.float64, na_value=np.nan)  # a missing value: NaN, refused
         return X  # floats (and everything refused) are check_array's
-    arr = np.asarray(X)
+    arr = as_array(X, name)
     kind = arr.dtype.kind
     if kind in "iu":
         return arr.astype(np.float64)

@@ -361,7 +361,9 @@ class CellVolumes:
         ax : matplotlib Axes, optional
             Draw into it; default a new figure.
         path : str or path-like, optional
-            Save the figure as PNG there.
+            Save the figure as PNG there (its folder is created). A name without a suffix gets
+            ``.png`` appended (``path="h"`` writes ``h.png``), as with every plot helper
+            (:func:`embgeom.report.figures._figure_path`).
         bins : int, optional
             Default ``clip(sqrt(k), 5, 50)`` for k drawn tokens.
         title : str, optional
@@ -370,6 +372,15 @@ class CellVolumes:
         Returns
         -------
         matplotlib Axes
+
+        Raises
+        ------
+        TypeError
+            ``ax`` not a matplotlib Axes; ``path`` not a str or path-like object; ``bins`` not
+            an integer.
+        ValueError
+            ``path`` an existing directory, ending in a separator, or with a suffix matplotlib
+            cannot write; ``bins < 1``. All before anything is drawn.
 
         Notes
         -----

@@ -21,16 +21,28 @@ def plot_copy_accuracy(evaluation: dict, l_train: int, path, *, cliff=None, inte
     l_train : int
         Largest training length (the shaded range is ``[1, l_train]``).
     path : str or Path
-        Output PNG.
+        Output PNG (its folder is created; ``.png`` is appended to a name without a suffix,
+        :func:`embgeom.report.figures._figure_path`).
     cliff : int, optional
         Drawn as a vertical line, with ``interval`` (lo, hi) as a band.
 
     Returns
     -------
     pathlib.Path
+        The path written.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A ``path`` the plot helpers refuse (not a str or path-like; an existing directory; a
+        suffix matplotlib cannot write), before anything is drawn; an ``l_train`` that is not
+        an integer >= 1.
     """
     from matplotlib.figure import Figure
 
+    from ..report.figures import _figure_path, _write
+
+    target = _figure_path(path)
     l_train = check_positive_int(l_train, "l_train")
     lengths = np.asarray(evaluation["lengths"])
     em = np.asarray(evaluation["exact_match"])
@@ -53,7 +65,4 @@ def plot_copy_accuracy(evaluation: dict, l_train: int, path, *, cliff=None, inte
     ax.legend(loc="lower left", fontsize=8)
     ax.set_title(f"Copy task, n={evaluation['n_eval']} strings per length")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return _write(fig, target, dpi=120)

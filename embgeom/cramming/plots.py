@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from .analysis import AccessibilityCurve
@@ -18,15 +16,25 @@ def plot_accessibility(curves, path) -> str:
     ----------
     curves : mapping {m: AccessibilityCurve or its dict}
     path : str or Path
-        PNG file to write (its folder is created).
+        PNG file to write (its folder is created; ``.png`` is appended to a name without a
+        suffix, :func:`embgeom.report.figures._figure_path`).
 
     Returns
     -------
     str
         The path written.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A ``path`` the plot helpers refuse (not a str or path-like; an existing directory; a
+        suffix matplotlib cannot write), before anything is drawn.
     """
     from matplotlib.figure import Figure
 
+    from ..report.figures import _figure_path, _write
+
+    target = _figure_path(path)
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
     for m in sorted(curves):
@@ -43,9 +51,7 @@ def plot_accessibility(curves, path) -> str:
     ax.legend()
     ax.set_title("Cramming accessibility vs length")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return str(path)
+    return str(_write(fig, target, dpi=120))
 
 
 def plot_n50(n50_by_m, fit, path) -> str:
@@ -56,15 +62,26 @@ def plot_n50(n50_by_m, fit, path) -> str:
     n50_by_m : mapping {m: dict from :func:`n50`}
     fit : dict from :func:`fit_slope` or None
     path : str or Path
+        PNG file to write (its folder is created; ``.png`` is appended to a name without a
+        suffix, :func:`embgeom.report.figures._figure_path`).
 
     Returns
     -------
     str
         The path written.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A ``path`` the plot helpers refuse (not a str or path-like; an existing directory; a
+        suffix matplotlib cannot write), before anything is drawn.
     """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    from ..report.figures import _figure_path, _write
+
+    target = _figure_path(path)
     fig = Figure(figsize=(5, 4))
     ax = fig.subplots()
     ms = sorted(n50_by_m)
@@ -85,6 +102,4 @@ def plot_n50(n50_by_m, fit, path) -> str:
     ax.set_ylim(bottom=0)
     ax.legend()
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return str(path)
+    return str(_write(fig, target, dpi=120))

@@ -3,11 +3,21 @@
 Every function builds a :class:`matplotlib.figure.Figure` directly (no pyplot state, no backend
 switch, nothing left open), saves it as a PNG and returns the path as a string; matplotlib is
 imported inside the functions, so importing this module is free.
+
+Every plot helper of the package (here, :mod:`embgeom.cramming.plots`,
+:mod:`embgeom.copying.plots`, :meth:`embgeom.volumes.CellVolumes.histogram`) turns its ``path``
+into the file it writes by one rule, :func:`_figure_path`: a path without a suffix gets
+``.png`` appended (and the path returned says so), a suffix matplotlib knows (``.png``,
+``.pdf``, ``.svg``, ...) is written in that format, any other suffix, an existing directory or a
+path ending in a separator is a ValueError naming ``path``, and anything but a str or
+path-like object is a TypeError naming ``path``.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +42,61 @@ def _figure(w: float, h: float):
     return Figure(figsize=(w, h))
 
 
+def _figure_path(path, name: str = "path") -> Path:
+    """The file a plot helper writes for the caller's ``path`` (the rule of every plot helper).
+
+    A str or path-like ``path`` without a suffix gets ``.png`` appended; one whose suffix is a
+    format matplotlib writes (``.png``, ``.pdf``, ``.svg``, ...; any case) is kept as it is.
+    The file is then written in the format its suffix names (:func:`_write`), so the path
+    returned is the path written, whatever ``savefig.format`` says.
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a str or path-like object (bytes, a number, a file object).
+    ValueError
+        ``path`` is empty, ends in a path separator or names an existing directory (matplotlib
+        would write ``<dir>.png`` beside it), or has a suffix matplotlib cannot write.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a str or path-like file name, got "
+                        f"{type(path).__name__} {path!r}")
+    raw = os.fspath(path)
+    if not isinstance(raw, str):  # a path-like object returning bytes
+        raise TypeError(f"{name}: expected a str or path-like file name, got {type(raw).__name__} "
+                        f"{raw!r}")
+    if not raw:
+        raise ValueError(f"{name}: expected a file name, got the empty string")
+    if raw.endswith((os.sep, os.altsep or os.sep)):
+        raise ValueError(f"{name}: expected a file name, got {raw!r} (a directory)")
+    out = Path(raw)
+    if out.is_dir():
+        raise ValueError(f"{name}: expected a file name, got the existing directory {raw!r}")
+    if not out.suffix:
+        return out.with_name(out.name + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        raise ValueError(f"{name}: expected a file name ending in one of "
+                         f"{', '.join('.' + f for f in sorted(formats))} (or no suffix, for "
+                         f".png), got {raw!r}")
+    return out
+
+
+def _write(fig, target: Path, **kwargs) -> Path:
+    """Save ``fig`` at ``target`` (a :func:`_figure_path` result), in the format its suffix
+    names, creating its folder; returns ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, format=target.suffix[1:].lower(), **kwargs)
+    return target
+
+
 def _save(fig, path) -> str:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Lay ``fig`` out and write it at ``path`` (a :func:`_figure_path` result); returns the
+    path written, as a string."""
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    return str(path)
+    return str(_write(fig, path, dpi=_DPI))
 
 
 def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = None) -> str | None:
@@ -48,7 +107,7 @@ def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = N
     summary : dict
         :func:`embgeom.report.hidden_state_summary`'s output (needs ``per_length``).
     path : str or Path
-        PNG to write.
+        PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     certified_radius : float, optional
         The L2 radius the final norm certifies (``sqrt(d) max|g_i|``, plus ``|b|`` with a bias),
         drawn as a horizontal line.
@@ -57,7 +116,13 @@ def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = N
     -------
     str or None
         The path written, or None when there is no per-length breakdown (nothing drawn).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A ``path`` the plot helpers refuse (:func:`_figure_path`), even when nothing is drawn.
     """
+    target = _figure_path(path)
     rows = summary.get("per_length") or []
     if not rows:
         return None
@@ -77,50 +142,81 @@ def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = N
     ax.set_title("Hidden-state norms vs prompt length")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, target)
 
 
 def plot_support_volumes(rows: list[dict], path) -> str:
     """Bar chart of log-volumes of every support the bounds table uses.
 
+    A support whose log-volume is not finite (``-inf`` for a degenerate support, ``inf`` or
+    NaN) has no bar: its value is written at the axis' left edge with "not finite", and it is
+    left out of the axis limits, which the finite log-volumes set.
+
     Parameters
     ----------
     rows : list of dict
-        ``{"name", "log_volume" (nats), "valid" (bool), "kind"}`` with ``kind`` one of
-        ``"fit"``, ``"conformal"``, ``"cube"``, ``"certified"``.
+        ``{"name", "log_volume" (nats), "valid" (bool), "kind"}`` with ``kind`` (optional,
+        default ``"fit"``) one of ``"fit"``, ``"conformal"``, ``"cube"``, ``"certified"``.
     path : str or Path
+        PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
 
     Returns
     -------
     str
+        The path written.
 
     Raises
     ------
     ValueError
-        No rows.
+        No rows; a row without ``name``, ``log_volume`` or ``valid``, or whose ``log_volume``
+        is not a real number (both name ``rows`` and the row).
+    TypeError
+        A row that is not a mapping; a ``path`` the plot helpers refuse (:func:`_figure_path`,
+        which also raises ValueError).
     """
+    target = _figure_path(path)
     if not rows:
         raise ValueError("rows: expected at least one support")
-    names = [r["name"] for r in rows]
-    vals = [float(r["log_volume"]) for r in rows]
-    valid = [bool(r["valid"]) for r in rows]
+    names, vals, valid = [], [], []
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise TypeError(f"rows[{i}]: expected a dict with name, log_volume and valid, got "
+                            f"{type(r).__name__} {r!r}")
+        missing = [k for k in ("name", "log_volume", "valid") if k not in r]
+        if missing:
+            raise ValueError(f"rows[{i}]: expected keys name, log_volume and valid, missing "
+                             f"{', '.join(missing)} (row {dict(r)!r})")
+        try:
+            v = float(r["log_volume"])
+        except (TypeError, ValueError):
+            raise ValueError(f"rows[{i}]: expected a real log_volume (nats), got "
+                             f"{r['log_volume']!r} (row {r.get('name')!r})") from None
+        names.append(str(r["name"]))
+        vals.append(v)
+        valid.append(bool(r["valid"]))
+    finite = [math.isfinite(v) for v in vals]
     hatch = {"conformal": "//", "cube": "..", "certified": "", "fit": ""}
     fig = _figure(7.8, 0.42 * len(rows) + 1.5)
     ax = fig.subplots()
-    bars = ax.barh(names, vals, color=["tab:blue" if ok else "lightgrey" for ok in valid],
+    bars = ax.barh(names, [v if ok else 0.0 for v, ok in zip(vals, finite)],
+                   color=["tab:blue" if ok else "lightgrey" for ok in valid],
                    edgecolor="k", linewidth=0.4)
     for bar, r in zip(bars, rows):
         bar.set_hatch(hatch.get(r.get("kind", "fit"), ""))
-    for i, (v, ok) in enumerate(zip(vals, valid)):
-        ax.text(v, i, f" {v:.0f}" + ("" if ok else "  not valid"), va="center", fontsize=8)
-    lo, hi = min(vals), max(vals)
+    shown = [v for v, fin in zip(vals, finite) if fin] or [0.0]
+    lo, hi = min(shown), max(shown)
     span = max(hi - lo, 1.0)
-    ax.set_xlim(lo - 0.15 * span, hi + 0.3 * span)
+    left = lo - 0.15 * span
+    ax.set_xlim(left, hi + 0.3 * span)
+    for i, (v, ok, fin) in enumerate(zip(vals, valid, finite)):
+        text = f" {v:.0f}" if fin else f" log-volume {v} (not finite, no bar)"
+        ax.text(v if fin else left, i, text + ("" if ok else "  not valid"), va="center",
+                fontsize=8)
     ax.set_xlabel("log-volume (nats); smaller = tighter bound")
     ax.set_title("Supports in the bounds table (blue: valid; grey: rejected;\n"
                  "hatched //: conformal-calibrated, ..: the L-inf cube)", fontsize=10)
     ax.invert_yaxis()
-    return _save(fig, path)
+    return _save(fig, target)
 
 
 def _cell_shares_title(estimator: str, n_samples, n_unres: int, k: int, V: int) -> str:
@@ -144,8 +240,9 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     ----------
     log_shares : array_like of float, shape (|V|,)
         Natural log of each cell's share of the support (nats); ``-inf`` or NaN for a token
-        whose share is not resolved (no Monte Carlo hit, or not estimated).
+        whose share is not resolved (no Monte Carlo hit, or not estimated). At least one.
     path : str or Path
+        PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     log_lower, log_upper : array_like of float, shape (|V|,), optional
         Interval ends (nats), drawn as a band.
     unresolved : array_like of bool, shape (|V|,), optional
@@ -159,26 +256,57 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     vocab_size : int, optional
         ``|V|`` when ``log_shares`` are those of a uniform token sample of ``k < |V|`` tokens:
         the sample's rank ``i`` is drawn at ``i |V| / k`` (its estimated rank in the
-        vocabulary, an empirical CCDF), and the ``1/|V|`` line uses ``|V|``.
+        vocabulary, an empirical CCDF), and the ``1/|V|`` line uses ``|V|``. An integer
+        ``>= k``.
 
     Returns
     -------
     str
+        The path written.
+
+    Raises
+    ------
+    ValueError
+        ``log_shares`` empty or not 1-D (or not numbers); ``log_lower``, ``log_upper`` or
+        ``unresolved`` not of shape ``(k,)``; ``vocab_size`` smaller than ``k``, the number of
+        shares (each names the argument).
+    TypeError
+        ``vocab_size`` not an integer; a ``path`` the plot helpers refuse
+        (:func:`_figure_path`, which also raises ValueError).
     """
-    ls = np.asarray(log_shares, dtype=np.float64)
+    target = _figure_path(path)
+    ls = _shares_array(log_shares, "log_shares")
+    if ls.ndim != 1 or ls.size == 0:
+        raise ValueError(f"log_shares: expected a non-empty 1-D array of log-shares (nats), got "
+                         f"shape {ls.shape}")
     k = ls.size
-    V = k if vocab_size is None else int(vocab_size)
+    lower = None if log_lower is None else _shares_array(log_lower, "log_lower", k)
+    upper = None if log_upper is None else _shares_array(log_upper, "log_upper", k)
+    if vocab_size is None:
+        V = k
+    else:
+        try:
+            V = check_positive_int(vocab_size, "vocab_size", minimum=k)
+        except ValueError as e:  # |V| is at least the k tokens sampled from it
+            raise ValueError(f"{e} (the number of log_shares, a sample of the vocabulary)"
+                             ) from None
     scale = V / k
-    unres = ~np.isfinite(ls) if unresolved is None else np.asarray(unresolved, bool)
+    if unresolved is None:
+        unres = ~np.isfinite(ls)
+    else:
+        unres = np.asarray(unresolved, bool)
+        if unres.shape != (k,):
+            raise ValueError(f"unresolved: expected shape ({k},), one flag per log-share, got "
+                             f"{unres.shape}")
     order = np.argsort(-np.where(unres, -np.inf, ls), kind="stable")
     res_order = order[~unres[order]]
     fig = _figure(7.5, 4.4)
     ax = fig.subplots()
     ranks = np.arange(1, res_order.size + 1) * scale
     if res_order.size:
-        if log_lower is not None and log_upper is not None:
-            lo = np.asarray(log_lower, np.float64)[res_order]
-            hi = np.asarray(log_upper, np.float64)[res_order]
+        if lower is not None and upper is not None:
+            lo = lower[res_order]
+            hi = upper[res_order]
             lo = np.where(np.isfinite(lo), lo, np.nan)
             ax.fill_between(ranks, lo, hi, color="C0", alpha=0.25, lw=0,
                             label="95% interval per cell")
@@ -190,8 +318,8 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     if n_unres:
         label = (f"{n_unres:,} unresolved cells ({100 * n_unres / V:.1f}% of |V|)" if k == V else
                  f"{n_unres:,} of {k:,} sampled cells unresolved")
-        if log_upper is not None:
-            ub = np.asarray(log_upper, np.float64)[unres]
+        if upper is not None:
+            ub = upper[unres]
             ub = ub[np.isfinite(ub)]
             if ub.size:
                 ax.axhline(float(ub.max()), color="0.5", ls=":", lw=1.0)
@@ -205,7 +333,20 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     ax.set_title(_cell_shares_title(estimator, n_samples, n_unres, k, V), fontsize=10)
     ax.legend(fontsize=7.5, loc="lower left")
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return _save(fig, target)
+
+
+def _shares_array(x, name: str, k: int | None = None) -> np.ndarray:
+    """``x`` as float64; with ``k``, of shape ``(k,)``. ValueError naming ``name`` otherwise."""
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected an array of log-shares (nats), got "
+                         f"{type(x).__name__}") from None
+    if k is not None and arr.shape != (k,):
+        raise ValueError(f"{name}: expected shape ({k},), one value per log-share, got "
+                         f"{arr.shape}")
+    return arr
 
 
 def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
@@ -229,7 +370,9 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     ax : matplotlib Axes, optional
         Draw into it; default a new :class:`~matplotlib.figure.Figure`.
     path : str or path-like, optional
-        Save the figure as PNG there.
+        Save the figure as PNG there (its folder is created). The rule of every plot helper
+        (:func:`_figure_path`): a name without a suffix gets ``.png`` appended, so
+        ``path="h"`` writes ``h.png``.
     bins : int, optional
         Number of bins; default ``clip(sqrt(k), 5, 50)`` for k drawn tokens (a 32-token
         sample gets 6 bins, not 50 mostly empty ones).
@@ -238,7 +381,24 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     Returns
     -------
     matplotlib Axes
+
+    Raises
+    ------
+    TypeError
+        ``ax`` not a matplotlib Axes; ``path`` not a str or path-like object; ``bins`` not an
+        integer.
+    ValueError
+        ``path`` an existing directory, ending in a separator, or with a suffix matplotlib
+        cannot write; ``bins < 1``. All before anything is drawn.
     """
+    from matplotlib.axes import Axes
+
+    if ax is not None and not isinstance(ax, Axes):
+        raise TypeError(f"ax: expected a matplotlib Axes (or None, for a new figure), got "
+                        f"{type(ax).__name__} {ax!r}")
+    target = None if path is None else _figure_path(path)
+    if bins is not None:
+        bins = check_positive_int(bins, "bins")
     if ax is None:
         ax = _figure(7, 4).subplots()
     method = getattr(cv, "token_method", None)
@@ -273,8 +433,7 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
         label = f"{int(hit.sum()):,} tokens with hits"
         x = np.log(cv.fractions[hit])
         estimator = f"uniform Monte Carlo, {cv.n_samples:,} samples ({cv.sampling})"
-    nbins = (int(np.clip(round(math.sqrt(max(x.size, 1))), 5, 50)) if bins is None
-             else check_positive_int(bins, "bins"))
+    nbins = int(np.clip(round(math.sqrt(max(x.size, 1))), 5, 50)) if bins is None else bins
     if x.size:
         f_lo, f_hi = _fences(x)
         inside = (x >= f_lo) & (x <= f_hi)
@@ -307,8 +466,8 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     ax.set_ylabel("number of tokens")
     ax.set_title(title or f"decoder cell volumes: {estimator}", fontsize=10)
     ax.legend(fontsize=8)
-    if path is not None:
-        ax.figure.savefig(path, dpi=_DPI, bbox_inches="tight")
+    if target is not None:
+        _write(ax.figure, target, dpi=_DPI, bbox_inches="tight")
     return ax
 
 
@@ -343,10 +502,13 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     ----------
     curves : dict[str, tuple[float, float | None]]
         Label -> ``(log_packing, rate)`` (nats; ``rate=None`` means ``log|V|``). The first
-        entry is the bound drawn in the top panel.
+        entry is the bound drawn in the top panel. Every cliff ``n*(m)`` (and the
+        ``depth_nats`` past it) must lie below ``2**52`` tokens, so that the lengths drawn are
+        exact integers.
     vocab_size : int
         ``|V|`` >= 2.
     path : str or Path
+        PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     m_values : sequence of int, default (1, 2, 4, 8)
         One lower panel per ``m``.
     depth_nats : float, default 23
@@ -358,17 +520,25 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     Returns
     -------
     str
+        The path written.
 
     Raises
     ------
     ValueError
         Empty ``curves`` or ``m_values``, ``vocab_size < 2``, a ``depth_nats`` that is not
-        finite and > 0.
+        finite and > 0; a curve whose ``log_packing`` or ``rate`` :func:`embgeom.bounds.n_star`
+        refuses, or whose cliff lies past ``2**52`` tokens (these name ``curves`` and the
+        label); a ``measured`` key that is not an integer >= 1.
     TypeError
-        A ``depth_nats`` that is not a real number.
+        A ``depth_nats`` that is not a real number; ``curves`` not a dict of pairs; a ``path``
+        the plot helpers refuse (:func:`_figure_path`, which also raises ValueError).
     """
     from ..bounds import accessible_fraction_bound, n_star
 
+    target = _figure_path(path)
+    if not isinstance(curves, Mapping):
+        raise TypeError(f"curves: expected a dict label -> (log_packing, rate), got "
+                        f"{type(curves).__name__}")
     if not curves:
         raise ValueError("curves: expected at least one curve")
     V = check_positive_int(vocab_size, "vocab_size", minimum=2)
@@ -376,9 +546,9 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     if not ms:
         raise ValueError("m_values: expected at least one number of prompt vectors (integers "
                          ">= 1), got none")
-    measured = {int(k): v for k, v in (measured or {}).items()
-                if v and v.get("lengths")}
+    measured = {_measured_m(k): v for k, v in (measured or {}).items() if v and v.get("lengths")}
     depth = check_positive(depth_nats, "depth_nats")
+    _check_curves(curves, sorted(set(ms) | set(measured)), V, depth)
     ncol = 2 if len(ms) > 1 else 1
     nrow = -(-len(ms) // ncol)
     fig = _figure(8.0, 2.9 * nrow + 3.8)
@@ -416,10 +586,7 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
             per_token = rate if rate else math.log(V)  # nats per token past n*
             starts.append(ns)
             ends.append(ns + depth / per_token)
-        lo = min(starts)
-        hi = max(ends)
-        pad = 0.04 * (hi - lo) + 1.0
-        n = np.arange(max(int(math.floor(lo - pad)), 1), int(math.ceil(hi + pad)) + 1)
+        n = _lengths_around(starts, ends)
         for ci, (label, (lp, rate)) in enumerate(curves.items()):
             y = accessible_fraction_bound(n, m, lp, V, rate, log=True)
             ax.plot(n, y, color=f"C{ci % 10}", lw=1.4, label=label,
@@ -432,7 +599,66 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Accessible fraction: measurement and bound (the bound falls log|V| = "
                  f"{math.log(V):.2f} nats per token past n*)", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, target)
+
+
+#: Longest cliff (plus the depth drawn past it) :func:`plot_accessible_fraction` draws, in
+#: tokens: every length its axes are built from, up to 1.6 times this, is then an exact
+#: integer in float64 and int64.
+_MAX_CLIFF = 2.0 ** 52
+
+#: Points of a lower panel of :func:`plot_accessible_fraction` beyond which its lengths are a
+#: grid (plus every cliff and end) rather than every integer.
+_MAX_PANEL_POINTS = 4000
+
+
+def _measured_m(k) -> int:
+    """A key of ``measured`` (an int, or its string from JSON) as the integer ``m >= 1``."""
+    try:
+        m = int(k)
+    except (TypeError, ValueError):
+        m = 0
+    if m < 1 or (not isinstance(k, str) and m != k):
+        raise ValueError(f"measured: expected keys m, integers >= 1 (or their strings), got "
+                         f"{k!r}")
+    return m
+
+
+def _check_curves(curves, ms, V: int, depth: float) -> None:
+    """Refuse, naming ``curves`` and the label, a curve :func:`embgeom.bounds.n_star` refuses
+    or whose cliff ``n*(m)`` or end ``n* + depth / rate`` lies past :data:`_MAX_CLIFF`."""
+    from ..bounds import n_star
+
+    for label, c in curves.items():
+        try:
+            lp, rate = c
+        except (TypeError, ValueError):
+            raise TypeError(f"curves[{label!r}]: expected a pair (log_packing, rate), got "
+                            f"{c!r}") from None
+        try:
+            ns = float(np.max(n_star(ms, lp, V, rate)))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"curves[{label!r}]: {e}") from None
+        end = ns + depth / (rate if rate else math.log(V))
+        if not end <= _MAX_CLIFF:
+            raise ValueError(f"curves[{label!r}]: expected a cliff n*(m) below 2**52 tokens for "
+                             f"m up to {max(ms)}, got n* = {ns:.3g} (log_packing {float(lp):.3g} "
+                             f"nats, rate {rate!r}); the figure draws exact integer lengths")
+
+
+def _lengths_around(starts: list, ends: list) -> np.ndarray:
+    """Integer lengths (int64, >= 1, sorted) spanning the cliffs ``starts`` to the ends
+    ``ends`` of a lower panel, padded by 4 per cent and a token: every integer when there are
+    at most :data:`_MAX_PANEL_POINTS`, otherwise an even grid plus the lengths on either side
+    of every cliff and end (the bound is linear in between, so nothing is lost)."""
+    lo, hi = min(starts), max(ends)
+    pad = 0.04 * (hi - lo) + 1.0
+    a, b = max(int(math.floor(lo - pad)), 1), int(math.ceil(hi + pad))
+    if b - a < _MAX_PANEL_POINTS:
+        return np.arange(a, b + 1, dtype=np.int64)
+    kinks = [f(x) for x in (*starts, *ends) for f in (math.floor, math.ceil)]
+    grid = np.round(np.linspace(a, b, _MAX_PANEL_POINTS)).astype(np.int64)
+    return np.unique(np.clip(np.concatenate([grid, np.asarray(kinks, np.int64)]), a, b))
 
 
 def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | None = None,
@@ -451,6 +677,7 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     slopes : dict[str, float]
         Label -> slope ``C`` (tokens per prompt vector) of the valid supports.
     path : str or Path
+        PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     m_max : int, default 8
         Largest number of prompt vectors ``m`` on the x axis.
     reference : dict[str, float], optional
@@ -463,12 +690,17 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     Returns
     -------
     str
+        The path written.
 
     Raises
     ------
     ValueError
         No slopes at all.
+    TypeError
+        A ``path`` the plot helpers refuse (:func:`_figure_path`, which also raises
+        ValueError).
     """
+    target = _figure_path(path)
     if not slopes and not reference:
         raise ValueError("slopes: expected at least one slope")
     m_max = check_positive_int(m_max, "m_max")
@@ -532,7 +764,7 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     ax.set_title("Linear law n*(m) <= C m (Cor. 4.6): valid supports", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return _save(fig, target)
 
 
 def _n50_points(c_emp: dict):

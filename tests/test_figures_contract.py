@@ -1,0 +1,200 @@
+"""The plot helpers' contract: the path returned is the path written (one rule for all of them,
+:func:`embgeom.report.figures._figure_path`), and bad input is refused naming the argument."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import pytest
+
+from embgeom.cells import Decoder
+from embgeom.copying.plots import plot_copy_accuracy
+from embgeom.cramming.plots import plot_accessibility, plot_n50
+from embgeom.report.figures import (plot_accessible_fraction, plot_cell_histogram,
+                                    plot_cell_shares, plot_hidden_norms, plot_linear_law,
+                                    plot_support_volumes)
+from embgeom.supports import Ball
+from embgeom.volumes import cell_volumes
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+_ROWS = [{"name": "ball", "log_volume": -120.0, "valid": True, "kind": "fit"},
+         {"name": "cube", "log_volume": -80.0, "valid": False, "kind": "cube"}]
+_EVAL = {"lengths": [1, 2, 3, 4], "exact_match": [1.0, 1.0, 0.5, 0.0],
+         "exact_match_count": [8, 8, 4, 0], "n_eval": 8, "per_token": [1.0, 1.0, 0.8, 0.4]}
+_CURVE = {"lengths": [1, 2, 4, 8], "accessibility": [1.0, 0.9, 0.4, 0.0],
+          "lower": [0.8, 0.6, 0.2, 0.0], "upper": [1.0, 1.0, 0.6, 0.2]}
+
+
+@pytest.fixture(scope="module")
+def cv():
+    d = 3
+    W = np.vstack([np.eye(d), -np.eye(d)]).astype(np.float32)
+    return cell_volumes(Decoder(W), Ball.from_params(None, 1.0, dim=d), 600, seed=0,
+                        progress=False, method="uniform")
+
+
+HELPERS = {
+    "hidden_norms": lambda p: plot_hidden_norms(
+        {"per_length": [{"length": L, "r2_max": 2.0, "r2_mean": 1.0, "rinf_max": 0.5}
+                        for L in (1, 2, 4)]}, p),
+    "support_volumes": lambda p: plot_support_volumes(_ROWS, p),
+    "cell_shares": lambda p: plot_cell_shares(np.log(np.full(8, 1 / 8)), p),
+    "accessible_fraction": lambda p: plot_accessible_fraction({"ball": (20.0, None)}, 100, p,
+                                                              m_values=(1,)),
+    "linear_law": lambda p: plot_linear_law({"ball": 3.0}, p, m_max=2),
+    "accessibility": lambda p: plot_accessibility({1: _CURVE}, p),
+    "n50": lambda p: plot_n50({1: {"n50": 3.0, "lower": 2.0, "upper": 4.0}}, None, p),
+    "copy_accuracy": lambda p: plot_copy_accuracy(_EVAL, 2, p),
+}
+
+
+# ------------------------------------------------------------------ 1. the path written
+
+
+@pytest.mark.parametrize("name", sorted(HELPERS))
+def test_returns_the_path_written(name, tmp_path):
+    out = HELPERS[name](tmp_path / "sub" / "noext")
+    assert str(out) == str(tmp_path / "sub" / "noext.png")
+    assert (tmp_path / "sub" / "noext.png").read_bytes()[:8] == PNG
+    assert not (tmp_path / "sub" / "noext").exists()
+
+
+@pytest.mark.parametrize("name", sorted(HELPERS))
+def test_bad_paths_are_refused_naming_path(name, tmp_path):
+    with pytest.raises(ValueError, match=r"path: expected a file name, got the existing dir"):
+        HELPERS[name](tmp_path)
+    assert not (tmp_path.parent / (tmp_path.name + ".png")).exists()
+    with pytest.raises(ValueError, match=r"path: .*\(a directory\)"):
+        HELPERS[name](str(tmp_path / "new") + "/")
+    with pytest.raises(TypeError, match=r"path: expected a str or path-like file name, got int"):
+        HELPERS[name](5)
+    with pytest.raises(ValueError, match=r"path: expected a file name ending in one of"):
+        HELPERS[name](tmp_path / "run.v2")
+
+
+def test_the_suffix_names_the_format_whatever_savefig_format_says(tmp_path):
+    with matplotlib.rc_context({"savefig.format": "pdf"}):
+        out = plot_support_volumes(_ROWS, tmp_path / "a")
+    assert out == str(tmp_path / "a.png") and (tmp_path / "a.png").read_bytes()[:8] == PNG
+    out = plot_support_volumes(_ROWS, tmp_path / "b.PDF")
+    assert out == str(tmp_path / "b.PDF")
+    assert (tmp_path / "b.PDF").read_bytes()[:4] == b"%PDF"
+
+
+def test_histogram_follows_the_rule(cv, tmp_path):
+    cv.histogram(path=tmp_path / "h")
+    assert (tmp_path / "h.png").read_bytes()[:8] == PNG
+    with pytest.raises(ValueError, match=r"path: expected a file name, got the existing dir"):
+        cv.histogram(path=tmp_path)
+    assert not (tmp_path.parent / (tmp_path.name + ".png")).exists()
+
+
+# --------------------------------------------------------------- 4. histogram arguments
+
+
+def test_histogram_refuses_bad_path_and_ax(cv):
+    with pytest.raises(TypeError, match=r"path: expected a str or path-like file name, got int"):
+        cv.histogram(path=5)
+    with pytest.raises(TypeError, match=r"ax: expected a matplotlib Axes"):
+        cv.histogram(ax="x")
+    with pytest.raises(TypeError, match=r"ax: expected a matplotlib Axes"):
+        plot_cell_histogram(cv, ax=object())
+    with pytest.raises(ValueError, match=r"bins: expected an integer >= 1"):
+        cv.histogram(bins=0)
+
+
+# ------------------------------------------------------ 2. plot_accessible_fraction lengths
+
+
+def test_accessible_fraction_huge_cliff_names_curves(tmp_path):
+    with pytest.raises(ValueError, match=r"curves\['ball'\]: expected a cliff n\*\(m\) below "
+                                         r"2\*\*52 tokens"):
+        plot_accessible_fraction({"ball": (1e300, None)}, 1000, tmp_path / "a.png")
+    with pytest.raises(ValueError, match=r"curves\['ball'\]: expected a cliff"):
+        plot_accessible_fraction({"ball": (10.0, 1e-300)}, 1000, tmp_path / "a.png")
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_accessible_fraction_names_curves_for_bad_entries(tmp_path):
+    with pytest.raises(ValueError, match=r"curves\['c'\]: log_packing: expected a finite"):
+        plot_accessible_fraction({"c": (-1.0, None)}, 1000, tmp_path / "a.png")
+    with pytest.raises(ValueError, match=r"curves\['c'\]: rate: expected a finite"):
+        plot_accessible_fraction({"c": (10.0, math.inf)}, 1000, tmp_path / "a.png")
+    with pytest.raises(TypeError, match=r"curves\['c'\]: expected a pair"):
+        plot_accessible_fraction({"c": 3.0}, 1000, tmp_path / "a.png")
+    with pytest.raises(ValueError, match=r"measured: expected keys m, integers >= 1"):
+        plot_accessible_fraction({"c": (10.0, None)}, 1000, tmp_path / "a.png",
+                                 measured={0: _CURVE})
+
+
+def test_accessible_fraction_far_apart_cliffs_are_drawn(tmp_path):
+    # cliffs at ~2 and ~1.4e9 tokens: the lower panels' lengths were every integer between
+    # (8 GB); they are now a grid that keeps both kinks
+    from embgeom.report.figures import _lengths_around
+
+    out = plot_accessible_fraction({"ball": (10.0, None), "big": (1e10, None)}, 1000,
+                                   tmp_path / "a", m_values=(1,))
+    assert out == str(tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 1000
+    starts, ends = [1.5, 1.4e9], [4.8, 1.4e9 + 3.3]
+    n = _lengths_around(starts, ends)
+    assert n.dtype == np.int64 and n.size < 5000 and np.all(np.diff(n) > 0) and n[0] >= 1
+    assert {1, 2, 4, 5, 1_400_000_000, 1_400_000_004} <= set(n.tolist())
+    assert np.array_equal(_lengths_around([10.0], [13.0]), np.arange(8, 16))  # as before: padded by 4% and a token
+
+
+# -------------------------------------------------------------------- 3. plot_cell_shares
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"log_shares": []}, r"log_shares: expected a non-empty 1-D array .* got shape \(0,\)"),
+    ({"log_shares": np.zeros((2, 3))}, r"log_shares: expected a non-empty 1-D array .* \(2, 3\)"),
+    ({"log_shares": [-1.0, -2.0], "log_lower": [-3.0], "log_upper": [0.0, 0.0]},
+     r"log_lower: expected shape \(2,\), one value per log-share, got \(1,\)"),
+    ({"log_shares": [-1.0, -2.0], "log_lower": [-3.0, -3.0], "log_upper": [0.0, 0.0, 0.0]},
+     r"log_upper: expected shape \(2,\)"),
+    ({"log_shares": [-1.0, -np.inf], "log_upper": [0.0]}, r"log_upper: expected shape \(2,\)"),
+    ({"log_shares": [-1.0, -2.0], "unresolved": [True]}, r"unresolved: expected shape \(2,\)"),
+    ({"log_shares": [-1.0, -2.0], "vocab_size": 0},
+     r"vocab_size: expected an integer >= 2, got 0 \(the number of log_shares"),
+    ({"log_shares": [-1.0, -2.0], "vocab_size": 1}, r"vocab_size: expected an integer >= 2"),
+    ({"log_shares": ["a", "b"]}, r"log_shares: expected an array of log-shares"),
+])
+def test_cell_shares_refuses_bad_input(kwargs, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        plot_cell_shares(path=tmp_path / "c.png", **kwargs)
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_cell_shares_vocab_size_must_be_an_integer(tmp_path):
+    with pytest.raises(TypeError, match=r"vocab_size: expected an integer"):
+        plot_cell_shares([-1.0, -2.0], tmp_path / "c.png", vocab_size=10.5)
+
+
+# ---------------------------------------------------------------- 5. plot_support_volumes
+
+
+def test_support_volumes_draws_non_finite_rows_outside_the_limits(tmp_path):
+    rows = _ROWS + [{"name": "flat", "log_volume": -math.inf, "valid": True},
+                    {"name": "nan", "log_volume": math.nan, "valid": False}]
+    out = plot_support_volumes(rows, tmp_path / "s.png")
+    assert out == str(tmp_path / "s.png") and (tmp_path / "s.png").stat().st_size > 1000
+    rows = [{"name": "flat", "log_volume": -math.inf, "valid": True}]
+    assert plot_support_volumes(rows, tmp_path / "t.png") == str(tmp_path / "t.png")
+
+
+def test_support_volumes_names_rows_and_the_missing_key(tmp_path):
+    with pytest.raises(ValueError, match=r"rows\[1\]: expected keys name, log_volume and valid, "
+                                         r"missing log_volume"):
+        plot_support_volumes([_ROWS[0], {"name": "x", "valid": True}], tmp_path / "s.png")
+    with pytest.raises(ValueError, match=r"rows\[0\]: .*missing name, valid"):
+        plot_support_volumes([{"log_volume": 1.0}], tmp_path / "s.png")
+    with pytest.raises(ValueError, match=r"rows\[0\]: expected a real log_volume"):
+        plot_support_volumes([{"name": "x", "log_volume": "big", "valid": True}],
+                             tmp_path / "s.png")
+    with pytest.raises(TypeError, match=r"rows\[0\]: expected a dict"):
+        plot_support_volumes([("x", 1.0, True)], tmp_path / "s.png")
+    with pytest.raises(ValueError, match=r"rows: expected at least one support"):
+        plot_support_volumes([], tmp_path / "s.png")

@@ -566,10 +566,10 @@ def _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence,
         )
     if int(support.dim) != decoder.dim:
         raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={decoder.dim}")
-    if interval not in ("clopper-pearson", "wilson"):
+    if not isinstance(interval, str) or interval not in ("clopper-pearson", "wilson"):
         raise ValueError(f"interval: expected 'clopper-pearson' or 'wilson', got {interval!r}")
     confidence = check_probability(confidence, "confidence", open_right=True)
-    if method not in ("auto", "uniform", "rare-event"):
+    if not isinstance(method, str) or method not in ("auto", "uniform", "rare-event"):
         raise ValueError(f"method: expected 'auto', 'uniform' or 'rare-event', got {method!r}")
     n_chains = check_positive_int(n_chains, "n_chains")
     if not (isinstance(tokens, str) or tokens is None):  # bad ids are refused for every method

@@ -430,3 +430,13 @@ def test_rare_event_rate_with_an_empty_cell_warns_nothing_and_keeps_it_empty():
     assert np.isneginf(x[5]) and np.isneginf(cv.log_fractions[5])
     rare = np.isfinite(cv.log_fractions) & (cv.token_method == "rare-event")
     assert rare.any() and np.all(x[rare] >= cv.log_fractions[rare])
+
+
+@pytest.mark.parametrize("arg", ["interval", "method"])
+def test_cell_volumes_choices_are_strings(arg):
+    """np.array(['wilson']) passed `not in (...)` (numpy's == gave a truthy one-element array)."""
+    dec = Decoder(cross_polytope(3))
+    value = {"interval": "wilson", "method": "uniform"}[arg]
+    with pytest.raises(ValueError, match=f"{arg}: expected"):
+        cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 100, seed=0, progress=False,
+                     **{arg: np.array([value])})

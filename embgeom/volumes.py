@@ -463,6 +463,9 @@ def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
         X = np.asarray(support.sample(m, seed=rng))
         if X.shape != (m, decoder.dim):
             raise ValueError(f"support.sample: returned shape {X.shape}, expected {(m, decoder.dim)}")
+        if X.dtype.kind == "f" and X.size and not (np.isfinite(X.min()) and np.isfinite(X.max())):
+            raise ValueError("support.sample: returned NaN or infinite points (a support's "
+                             "samples must be finite)")
     return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
 
 
@@ -564,6 +567,9 @@ def _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence,
             "support: expected a Support with .dim, .sample and .origin_ellipsoid_map, got "
             f"{type(support).__name__}"
         )
+    if isinstance(support.dim, bool) or not isinstance(support.dim, (int, np.integer)):
+        raise TypeError(f"support.dim: expected an int, got {type(support.dim).__name__} "
+                        f"{support.dim!r}")
     if int(support.dim) != decoder.dim:
         raise ValueError(f"support: has dimension {support.dim}, the decoder's hidden size is d={decoder.dim}")
     if not isinstance(interval, str) or interval not in ("clopper-pearson", "wilson"):

@@ -440,3 +440,24 @@ def test_cell_volumes_choices_are_strings(arg):
     with pytest.raises(ValueError, match=f"{arg}: expected"):
         cell_volumes(dec, Ball.from_params(None, 1.0, dim=3), 100, seed=0, progress=False,
                      **{arg: np.array([value])})
+
+
+def test_duck_support_bad_dim_and_non_finite_samples_name_the_support():
+    dec = Decoder(cross_polytope(3))
+
+    class NaNBall(TinyBall):
+        def sample(self, n, seed=None):
+            X = super().sample(n, seed)
+            X[0, 0] = np.nan
+            return X
+
+    with pytest.raises(ValueError, match="support.sample: returned NaN or infinite points"):
+        cell_volumes(dec, NaNBall(3), 100, seed=0, progress=False)
+    for bad in (3.0, 4.7, "3", True):
+        s = TinyBall(3)
+        s.dim = bad
+        with pytest.raises(TypeError, match="support.dim: expected an int"):
+            cell_volumes(dec, s, 100, seed=0, progress=False)
+    s = TinyBall(3)
+    s.dim = np.int64(3)  # a numpy int is an int
+    assert cell_volumes(dec, s, 100, seed=0, progress=False).counts.sum() == 100

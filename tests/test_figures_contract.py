@@ -198,3 +198,20 @@ def test_support_volumes_names_rows_and_the_missing_key(tmp_path):
         plot_support_volumes([("x", 1.0, True)], tmp_path / "s.png")
     with pytest.raises(ValueError, match=r"rows: expected at least one support"):
         plot_support_volumes([], tmp_path / "s.png")
+
+
+def test_cramming_plots_name_empty_and_incomplete_inputs(tmp_path):
+    from embgeom.cramming.plots import plot_accessibility, plot_n50
+
+    with pytest.raises(ValueError, match="n50_by_m: expected at least one m"):
+        plot_n50({}, None, tmp_path / "n50.png")
+    with pytest.raises(ValueError, match=r"n50_by_m\[1\]: missing key\(s\) \['n50'\]"):
+        plot_n50({1: {"lower": 3}}, None, tmp_path / "n50.png")
+    with pytest.raises(ValueError, match="curves: expected at least one m"):
+        plot_accessibility({}, tmp_path / "acc.png")
+    with pytest.raises(ValueError, match=r"curves\[2\]: missing key\(s\) \['lower', 'upper'\]"):
+        plot_accessibility({2: {"lengths": [4, 8], "accessibility": [1.0, 0.5]}}, tmp_path / "acc.png")
+    ok = plot_accessibility({2: {"lengths": [4, 8], "accessibility": [1.0, 0.5], "lower": [0.7, 0.2],
+                                 "upper": [1.0, 0.8]}}, tmp_path / "acc")
+    assert ok.endswith("acc.png") and (tmp_path / "acc.png").stat().st_size > 0
+    assert plot_n50({1: {"n50": 20.0}, 2: {"n50": 41.0}}, None, tmp_path / "n50.png").endswith("n50.png")

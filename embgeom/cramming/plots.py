@@ -9,6 +9,26 @@ from .analysis import AccessibilityCurve
 __all__ = ["plot_accessibility", "plot_n50"]
 
 
+def _rows(mapping, name: str, keys: tuple) -> list:
+    """``[(m, dict)]`` of a ``{m: record}`` mapping, sorted by ``m``; a ValueError naming
+    ``name`` for an empty mapping or a record without one of ``keys``."""
+    if not hasattr(mapping, "items"):
+        raise TypeError(f"{name}: expected a mapping {{m: record}}, got {type(mapping).__name__}")
+    if not mapping:
+        raise ValueError(f"{name}: expected at least one m, got an empty mapping")
+    out = []
+    for m in sorted(mapping):
+        c = mapping[m]
+        d = c.to_dict() if isinstance(c, AccessibilityCurve) else c
+        if not hasattr(d, "keys"):
+            raise TypeError(f"{name}[{m!r}]: expected a dict, got {type(d).__name__}")
+        missing = [k for k in keys if k not in d]
+        if missing:
+            raise ValueError(f"{name}[{m!r}]: missing key(s) {missing}")
+        out.append((m, d))
+    return out
+
+
 def plot_accessibility(curves, path) -> str:
     """Accessibility vs length, one line per m, with Wilson 95% bands; saves a PNG.
 
@@ -28,18 +48,18 @@ def plot_accessibility(curves, path) -> str:
     ------
     TypeError, ValueError
         A ``path`` the plot helpers refuse (not a str or path-like; an existing directory; a
-        suffix matplotlib cannot write), before anything is drawn.
+        suffix matplotlib cannot write), before anything is drawn; ``curves`` empty, not a
+        mapping, or a curve without ``lengths``, ``accessibility``, ``lower``, ``upper``.
     """
     from matplotlib.figure import Figure
 
     from ..report.figures import _figure_path, _write
 
     target = _figure_path(path)
+    rows = _rows(curves, "curves", ("lengths", "accessibility", "lower", "upper"))
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
-    for m in sorted(curves):
-        c = curves[m]
-        d = c.to_dict() if isinstance(c, AccessibilityCurve) else c
+    for m, d in rows:
         x = np.asarray(d["lengths"])
         ax.plot(x, d["accessibility"], "o-", label=f"m = {m}")
         ax.fill_between(x, d["lower"], d["upper"], alpha=0.2)
@@ -74,7 +94,8 @@ def plot_n50(n50_by_m, fit, path) -> str:
     ------
     TypeError, ValueError
         A ``path`` the plot helpers refuse (not a str or path-like; an existing directory; a
-        suffix matplotlib cannot write), before anything is drawn.
+        suffix matplotlib cannot write), before anything is drawn; ``n50_by_m`` empty, not a
+        mapping, or a record without ``n50``.
     """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -82,6 +103,7 @@ def plot_n50(n50_by_m, fit, path) -> str:
     from ..report.figures import _figure_path, _write
 
     target = _figure_path(path)
+    _rows(n50_by_m, "n50_by_m", ("n50",))
     fig = Figure(figsize=(5, 4))
     ax = fig.subplots()
     ms = sorted(n50_by_m)

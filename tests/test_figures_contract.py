@@ -215,3 +215,13 @@ def test_cramming_plots_name_empty_and_incomplete_inputs(tmp_path):
                                  "upper": [1.0, 0.8]}}, tmp_path / "acc")
     assert ok.endswith("acc.png") and (tmp_path / "acc.png").stat().st_size > 0
     assert plot_n50({1: {"n50": 20.0}, 2: {"n50": 41.0}}, None, tmp_path / "n50.png").endswith("n50.png")
+
+
+def test_copy_plot_names_an_incomplete_evaluation(tmp_path):
+    with pytest.raises(ValueError, match=r"evaluation: missing key\(s\) \['exact_match_count', 'n_eval'"):
+        plot_copy_accuracy({"lengths": [1, 2], "exact_match": [1.0, 0.5]}, 2, tmp_path / "c.png")
+    with pytest.raises(TypeError, match="evaluation: expected the dict"):
+        plot_copy_accuracy([1, 2], 2, tmp_path / "c.png")
+    ev = {"lengths": [1, 2, 3], "exact_match": [1.0, 0.5, 0.0], "exact_match_count": [8, 4, 0],
+          "n_eval": 8, "per_token": [1.0, 0.8, 0.4]}
+    assert plot_copy_accuracy(ev, 2, tmp_path / "c").name == "c.png"

@@ -36,7 +36,8 @@ def plot_copy_accuracy(evaluation: dict, l_train: int, path, *, cliff=None, inte
     TypeError, ValueError
         A ``path`` the plot helpers refuse (not a str or path-like; an existing directory; a
         suffix matplotlib cannot write), before anything is drawn; an ``l_train`` that is not
-        an integer >= 1.
+        an integer >= 1; an ``evaluation`` that is not a dict, lacks a key of
+        :func:`evaluate_copy`'s dict or has no lengths.
     """
     from matplotlib.figure import Figure
 
@@ -44,6 +45,14 @@ def plot_copy_accuracy(evaluation: dict, l_train: int, path, *, cliff=None, inte
 
     target = _figure_path(path)
     l_train = check_positive_int(l_train, "l_train")
+    if not hasattr(evaluation, "keys"):
+        raise TypeError(f"evaluation: expected the dict of evaluate_copy, got {type(evaluation).__name__}")
+    missing = [k for k in ("lengths", "exact_match", "exact_match_count", "n_eval", "per_token")
+               if k not in evaluation]
+    if missing:
+        raise ValueError(f"evaluation: missing key(s) {missing} (expected the dict of evaluate_copy)")
+    if np.size(evaluation["lengths"]) == 0:
+        raise ValueError("evaluation: expected at least one length, got none")
     lengths = np.asarray(evaluation["lengths"])
     em = np.asarray(evaluation["exact_match"])
     lo, hi = wilson_interval(np.asarray(evaluation["exact_match_count"]), evaluation["n_eval"])

@@ -459,14 +459,18 @@ def _count_chunk(m: int, *, decoder: Decoder, support, directions: bool, seed,
         X = rng.standard_normal((m, decoder.dim), dtype=np.float32)
         if G32 is not None:
             X = X @ G32
-    else:
-        X = np.asarray(support.sample(m, seed=rng))
-        if X.shape != (m, decoder.dim):
-            raise ValueError(f"support.sample: returned shape {X.shape}, expected {(m, decoder.dim)}")
-        if X.dtype.kind == "f" and X.size and not (np.isfinite(X.min()) and np.isfinite(X.max())):
-            raise ValueError("support.sample: returned NaN or infinite points (a support's "
-                             "samples must be finite)")
-    return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
+        return _kernels.count_tokens(decoder.assign(X), decoder.n_tokens)
+    X = np.asarray(support.sample(m, seed=rng))
+    if X.shape != (m, decoder.dim):
+        raise ValueError(f"support.sample: returned shape {X.shape}, expected {(m, decoder.dim)}")
+    try:
+        cells = decoder.assign(X)  # it checks the points (one pass); name where they came from
+    except ValueError as exc:
+        if "NaN or infinite" not in str(exc):
+            raise
+        raise ValueError("support.sample: returned NaN or infinite points (a support's samples "
+                         "must be finite)") from None
+    return _kernels.count_tokens(cells, decoder.n_tokens)
 
 
 def _cone_dim(decoder, G) -> int:

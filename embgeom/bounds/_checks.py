@@ -51,8 +51,9 @@ def _check_log_packing(log_packing) -> float:
 
 
 def _exact_ints(x):
-    """``np.asarray(x)``, with Python ints beyond int64 (``10**30``, an object array) taken as
-    float64 instead of refused as 'not integers'; other arrays as they are."""
+    """``(array, big)``: ``np.asarray(x)``, or for Python ints beyond int64 (``10**30``, which
+    numpy stores as an object array) their float64 array and ``big=True``, so that callers take
+    them instead of refusing them as 'not integers'."""
     arr = np.asarray(x)
     if arr.dtype == object and arr.size and all(
             isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr.flat):

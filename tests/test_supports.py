@@ -289,12 +289,25 @@ def test_log_cap_fraction_of_a_needle_is_finite(alpha):
     a = 287.5
     lead = math.log(0.5) + a * 2 * math.log(math.sin(alpha)) - math.log(a) - special.betaln(a, 0.5)
     assert log_cap_fraction(alpha, 576) == pytest.approx(lead, rel=1e-14)
-    # ... and the cone's volume and packing bound with it (they were -inf: P >= 1 always)
+    # ... but no cone that narrow: below 64 ulps its own axis tested outside and d = 2 sampling
+    # never returned, so from_params (and scaled, through it) refuse it
     import embgeom
 
+    with pytest.raises(ValueError, match="half_angle: expected at least 1.42e-14 rad"):
+        embgeom.Cone.from_params(np.ones(3), alpha, 1.0)
+
+
+@pytest.mark.parametrize("alpha", [1e-13, 1e-10, 1e-6])
+def test_narrow_cone_holds_its_axis_and_its_samples(alpha):
+    import embgeom
+
+    for d in (2, 3, 16):
+        cone = embgeom.Cone.from_params(np.ones(d), alpha, 1.0)
+        assert cone.predict(np.full((1, d), 0.5 / math.sqrt(d)))[0] == 1
+        assert np.all(cone.predict(cone.sample(50, seed=0)) == 1)
     cone = embgeom.Cone.from_params(np.ones(3), alpha, 1.0)
     assert cone.log_volume == pytest.approx(math.log(4 / 3 * math.pi) + 2 * math.log(math.sin(alpha / 2)),
-                                            rel=1e-13)
+                                            rel=1e-12)
     lp = embgeom.log_packing_number(cone, 1e-3)
     assert math.isfinite(lp) and lp >= 0.0
 

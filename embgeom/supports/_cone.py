@@ -199,7 +199,8 @@ class Cone(Support):
         Raises
         ------
         ValueError, TypeError
-            A zero axis, a half-angle outside ``(0, pi]``, ``radius <= 0``, NaN/inf.
+            A zero axis, a half-angle outside ``[64 eps, pi]`` (``64 eps = 1.4e-14`` rad: finer
+            angles are rounding), ``radius <= 0``, NaN/inf.
         """
         ax = check_array(axis, "axis", ndim=1)
         nrm = vector_norm(ax)
@@ -208,6 +209,10 @@ class Cone(Support):
         al = check_positive(half_angle, "half_angle")
         if al > math.pi:
             raise ValueError(f"half_angle: expected a value in (0, pi], got {al}")
+        if al < _ANGLE_RESOLUTION:  # predict put the axis itself outside; sample never returned
+            raise ValueError(f"half_angle: expected at least {_ANGLE_RESOLUTION:.3g} rad (64 ulps: "
+                             f"directions closer than that coincide in float64, so membership "
+                             f"and sampling cannot resolve the cone), got {al!r}")
         r = check_positive(radius, "radius")
         cone = cls()
         cone._set(ax / nrm, al, r, paper=float("nan"), optimal=True, gap=0.0)
@@ -470,11 +475,15 @@ class Cone(Support):
         ------
         ValueError, TypeError
             ``factor <= 0`` or not finite, a radius that would leave the float64 range or a
-            half-angle that would underflow to 0; ``NotFittedError`` before a fit.
+            half-angle that would fall below 64 ulps (1.4e-14 rad); ``NotFittedError`` before a fit.
         """
         self._check_fitted()
         s = check_scale_factor(factor)
         radius = scale_lengths(self.radius_, s, "radius")
         # the half-angle is capped at pi (the whole ball); below the cap it must stay > 0
         half = math.pi if s * self.half_angle_ >= math.pi else scale_lengths(self.half_angle_, s, "half-angle")
+        if half < _ANGLE_RESOLUTION:  # as a box whose sides round to zero width
+            raise ValueError(f"factor: {s:g} times the half-angle {self.half_angle_:.3g} rad is "
+                             f"below {_ANGLE_RESOLUTION:.3g} rad, where directions coincide in "
+                             "float64 (membership and sampling cannot resolve such a cone)")
         return self._derived(type(self).from_params(self.axis_, half, radius))

@@ -317,7 +317,7 @@ def _add_cram_command(command, add_executor_arguments) -> None:
                       help="random-tokens (the theorem's count), wordlist (the paper's "
                       "random text: random words of a 100k-word English list), words (random "
                       "whole-word tokens)")
-    add_executor_arguments(cram, n_jobs=1)
+    add_executor_arguments(cram, n_jobs=1, device_option="--device")
 
 
 def _add_copy_command(command) -> None:

@@ -839,12 +839,16 @@ def map_keyed(fn, tasks, *, executor="local", **kw) -> dict:
 # --------------------------------------------------------------------------------------------
 # command-line flags
 # --------------------------------------------------------------------------------------------
-def add_executor_arguments(parser, *, n_jobs: int = -1) -> None:
+def add_executor_arguments(parser, *, n_jobs: int = -1, device_option: str | None = None) -> None:
     """Add ``--executor {local,ray}``, ``--n-jobs``, ``--ray-address``, ``--ray-num-cpus`` and
     ``--ray-num-gpus`` to an ``argparse`` parser (read them back with :func:`executor_from_args`).
 
     ``n_jobs`` is the default of ``--n-jobs`` (-1: every CPU; 1 for commands whose tasks hold a
     model each, such as cramming, where a pool would load it once per worker).
+    ``device_option`` names the parser's own torch-device flag (e.g. ``"--device"``), whose
+    value :func:`executor_from_args` is then given: ``--ray-num-gpus``'s help says that a cuda
+    device asks for one GPU per task. None (a parser without one): the help says 0, which is
+    what :func:`executor_from_args` without a ``device`` takes.
     """
     group = parser.add_argument_group("execution")
     group.add_argument("--executor", choices=_EXECUTOR_NAMES, default="local",
@@ -857,8 +861,10 @@ def add_executor_arguments(parser, *, n_jobs: int = -1) -> None:
                        help="Ray cluster address (e.g. auto, HOST:6379, ray://HOST:10001); default "
                             "RAY_ADDRESS, else a new local cluster")
     group.add_argument("--ray-num-cpus", type=float, default=1.0, help="CPUs per Ray task")
+    gpus_default = ("0" if device_option is None else
+                    f"1 with {device_option} cuda, else 0")
     group.add_argument("--ray-num-gpus", type=float, default=None,
-                       help="GPUs per Ray task (default 1 with --device cuda, else 0)")
+                       help=f"GPUs per Ray task (default {gpus_default})")
 
 
 def executor_from_args(args, *, device: str | None = None) -> Executor:

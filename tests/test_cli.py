@@ -305,6 +305,23 @@ def test_every_option_has_help_and_shows_its_default(command, capsys):
         assert flag in text
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_names_only_the_commands_own_options(command, capsys):
+    """`embgeom report --help` said "default 1 with --device cuda" (of --ray-num-gpus), but only
+    `cram` has --device: every flag a command's help names is one of its own."""
+    sub = _subparsers()[command]
+    own = {o for action in sub._actions for o in action.option_strings}
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+    assert named <= own, (command, sorted(named - own))
+    gpus = {"report": "GPUs per Ray task (default 0)",
+            "cram": "GPUs per Ray task (default 1 with --device cuda, else 0)"}.get(command)
+    if gpus is not None:  # and the default it states is the one executor_from_args takes
+        assert gpus in " ".join(text.split())
+
+
 def argparse_suppress():
     import argparse
 

@@ -927,6 +927,41 @@ def test_bounds_refuse_overflow_instead_of_returning_inf():
     assert embgeom.threshold_length_unbounded(0.0, 100)["ordered_equivalent_m"] == math.inf
 
 
+def test_log_counts_that_overflow_are_refused_as_n_star_refuses_them():
+    """accessible_fraction_bound returned 1.0 (m log P = inf) or 0.0 (n log|V| = inf) with an
+    overflow warning where n_star raises; Theorem 4.5's counts returned inf, ints beyond float64
+    an OverflowError. Each is now the ValueError naming the factors, with no warning."""
+    ball = make_ball(np.zeros(3), 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for log in (False, True):
+            with pytest.raises(ValueError, match=r"m and log_packing: m log P overflows float64"):
+                B.accessible_fraction_bound(5, 10, 1e308, 100, log=log)
+            with pytest.raises(ValueError, match=r"n and rate: n rate overflows float64"):
+                B.accessible_fraction_bound([1, 10**300], 1, 10.0, 100, rate=1e10, log=log)
+            with pytest.raises(ValueError, match=r"n and vocab_size: n log\|V\| overflows"):
+                B.accessible_fraction_bound(10**308, 1, 10.0, 100, log=log)
+        with pytest.raises(ValueError, match=r"m and log_packing: m log P overflows float64"):
+            B.n_star(10, 1e308, 100)  # the sibling, same words
+        with pytest.raises(ValueError, match=r"d, m, r and eps: d m log\(1 \+ 2r/eps\) overflows"):
+            B.theorem45_log_count(8, 10**307, 1.0, 0.1)
+        with pytest.raises(ValueError, match=r"d, m, r and eps: .* overflows"):
+            B.linear_law_slope(10**308, 1.0, 0.1, 100)  # was C = inf
+        with pytest.raises(ValueError, match=r"m and log_packing_number: m log P overflows"):
+            B.accessible_log_count(ball, 1e-300, 10**307)
+        for call, name in ((lambda: B.n_star(10**400, 1.0, 100), "m"),
+                           (lambda: B.accessible_fraction_bound(10**400, 1, 1.0, 100), "n"),
+                           (lambda: B.threshold_length_unbounded(10.0, 100, context_length=10**400),
+                            "context_length")):
+            with pytest.raises(ValueError, match=rf"{name}: expected integers below 1.8e308 "
+                                                 r"\(float64\), got an integer of 401 digits"):
+                call()
+        # just below the overflow: still the bound
+        assert B.accessible_fraction_bound(1, 10, 1e307, 100, log=True) == 0.0
+        assert B.theorem45_log_count(2, 3, 1.0, 0.5) == pytest.approx(6 * math.log(5.0))
+        assert B.accessible_log_count(ball, 0.1, 3) == pytest.approx(3 * B.log_packing_number(ball, 0.1))
+
+
 def test_bounds_take_integers_beyond_int64_and_name_empty_lengths():
     assert embgeom.n_star(10**30, 10.0, 100) == pytest.approx(1e31 / math.log(100), rel=1e-15)
     assert embgeom.accessible_fraction_bound(10**30, 1, 10.0, 100) == 0.0

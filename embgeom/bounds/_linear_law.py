@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import _check_log_packing, _check_rate, _check_vocab, _exact_ints, _m_array, _per_token
+from ._checks import (_check_log_packing, _check_rate, _check_vocab, _exact_ints, _log_count,
+                      _m_array, _per_token)
 from ._packing import theorem45_log_count
 
 __all__ = ["linear_law_slope", "n_star", "accessible_fraction_bound"]
@@ -62,18 +63,14 @@ def n_star(m, log_packing, vocab_size, rate=None) -> np.ndarray:
     ------
     TypeError, ValueError
         ``m < 1`` or empty, ``log_packing < 0`` or NaN, ``vocab_size < 2``, ``rate <= 0`` or
-        subnormal, a cliff beyond float64 (``m log P / rate`` above 1.8e308 tokens).
-        Integers beyond int64 (``10**30``) are accepted, as float64.
+        subnormal, a log-count beyond float64 (``m log P`` above 1.8e308 nats), a cliff beyond
+        float64 (``m log P / rate`` above 1.8e308 tokens). Integers beyond int64 (``10**30``)
+        are accepted, as float64; beyond float64 (``10**400``) they are a ValueError.
     """
     mm = _m_array(m)
     lp = _check_log_packing(log_packing)
     lam = _check_rate(rate, _check_vocab(vocab_size))
-    with np.errstate(over="ignore"):
-        count = mm * lp
-    if not np.all(np.isfinite(count)):
-        raise ValueError(f"m and log_packing: m log P overflows float64 (got log_packing {lp!r} "
-                         f"nats, largest m {mm.max():.3g})")
-    return _per_token(count, lam, "n*", "m log_packing and rate")
+    return _per_token(_log_count(mm, lp), lam, "n*", "m log_packing and rate")
 
 
 def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: bool = False):
@@ -104,9 +101,12 @@ def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: 
     Raises
     ------
     TypeError, ValueError
-        As :func:`n_star`, and ``n < 1``.
+        As :func:`n_star` (``m log P`` beyond float64 included), ``n < 1`` or empty, shapes of
+        ``n`` and ``m`` that do not broadcast, and ``n log|V|`` (``n rate``) beyond float64,
+        above 1.8e308 nats: refused as :func:`n_star` refuses its overflow, not returned as a
+        fraction of 0 or 1.
     """
-    nn, big_n = _exact_ints(n)
+    nn, big_n = _exact_ints(n, "n")
     if nn.size == 0:
         raise ValueError(f"n: expected at least one length (an integer >= 1 or a non-empty "
                          f"array of them), got {n!r}")
@@ -124,5 +124,8 @@ def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: 
     lam = _check_rate(rate, _check_vocab(vocab_size))
     if not isinstance(log, (bool, np.bool_)):
         raise TypeError(f"log: expected True or False, got {log!r}")
-    logf = np.minimum(0.0, mm * lp - nn.astype(np.float64) * lam)
+    # m log P - n log|V|, each refused where it overflows (n_star's rule), never inf - inf
+    spent = (_log_count(nn.astype(np.float64), lam, "n and vocab_size", "n log|V|") if rate is None
+             else _log_count(nn.astype(np.float64), lam, "n and rate", "n rate"))
+    logf = np.minimum(0.0, _log_count(mm, lp) - spent)
     return logf if log else np.exp(logf)

@@ -31,7 +31,8 @@ import numpy as np
 
 from .._special import log1p_ratio
 from .._validation import check_positive, check_positive_int
-from ._checks import _check_eps, _check_log_packing, _check_rate, _check_vocab, _per_token
+from ._checks import (_check_eps, _check_log_packing, _check_rate, _check_vocab, _log_count,
+                      _per_token)
 from ._rate import CellVolumeRate
 
 __all__ = ["packing_bound_terms", "log_packing_number", "accessible_log_count", "slope_bound",
@@ -176,7 +177,8 @@ def accessible_log_count(support, eps, m, *, variant: str = "rigorous") -> float
     Raises
     ------
     TypeError, ValueError
-        Bad ``support``, ``eps <= 0``, ``m < 1``.
+        Bad ``support``, ``eps <= 0``, ``m < 1``, ``m log P`` beyond float64 (above 1.8e308
+        nats; refused as :func:`n_star` refuses it, not returned as ``inf``).
 
     Notes
     -----
@@ -184,7 +186,8 @@ def accessible_log_count(support, eps, m, *, variant: str = "rigorous") -> float
     vectors, each one of at most ``P`` distinguishable values, so at most ``P^m`` outputs.
     """
     m = check_positive_int(m, "m")
-    return m * log_packing_number(support, eps, variant=variant)
+    return _log_count(m, log_packing_number(support, eps, variant=variant),
+                      "m and log_packing_number", "m log P")
 
 
 def slope_bound(support, eps, vocab_size, rate=None, *, variant: str = "rigorous",
@@ -307,7 +310,8 @@ def theorem45_log_count(d, m, r, eps) -> float:
     Raises
     ------
     TypeError, ValueError
-        Non-integer or < 1 ``d``/``m``; ``r <= 0``; ``eps <= 0``.
+        Non-integer or < 1 ``d``/``m``; ``r <= 0``; ``eps <= 0``; a log-count beyond float64
+        (above 1.8e308 nats), refused instead of returned as ``inf``.
 
     Examples
     --------
@@ -318,4 +322,5 @@ def theorem45_log_count(d, m, r, eps) -> float:
     m = check_positive_int(m, "m")
     r = check_positive(r, "r")
     eps = _check_eps(eps)
-    return d * m * log1p_ratio(r, eps, 2.0)  # in logs: r / eps may exceed 1.8e308
+    # in logs: r / eps may exceed 1.8e308; d m times its log may too, and is refused then
+    return _log_count(d * m, log1p_ratio(r, eps, 2.0), "d, m, r and eps", "d m log(1 + 2r/eps)")

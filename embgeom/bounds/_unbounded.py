@@ -34,7 +34,7 @@ def log_multiset_count(log_points, n) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        ``log_points`` negative or NaN; ``n`` negative or not integer.
+        ``log_points`` negative or NaN; ``n`` negative, not integer or beyond float64.
 
     Notes
     -----
@@ -43,7 +43,7 @@ def log_multiset_count(log_points, n) -> np.ndarray:
     ``log(P+j) <= log P + j/P``), whose last term is below 1e-290.
     """
     lp = _check_log_packing(log_points)
-    nn, big = _exact_ints(n)
+    nn, big = _exact_ints(n, "n")
     if nn.dtype.kind not in "iu" and not big:
         raise TypeError(f"n: expected integers, got {n!r}")
     if np.any(nn < 0):
@@ -92,7 +92,8 @@ def threshold_length_unbounded(log_packing, vocab_size, *, weight_bits: int = 11
     TypeError, ValueError
         ``log_packing < 0``/NaN, ``vocab_size < 2``, ``weight_bits < 1`` or > 62,
         ``context_length < 1`` or empty, ``rate <= 0`` or subnormal, a threshold beyond
-        float64. Integers beyond int64 (``10**30``) are accepted, as float64.
+        float64. Integers beyond int64 (``10**30``) are accepted, as float64; beyond float64
+        (``10**400``) they are a ValueError.
 
     Notes
     -----
@@ -125,7 +126,7 @@ def threshold_length_unbounded(log_packing, vocab_size, *, weight_bits: int = 11
         out["log_count"] = log_unb
         out["n_threshold"] = out["n_threshold_unbounded"]
         return out
-    L, big = _exact_ints(context_length)
+    L, big = _exact_ints(context_length, "context_length")
     if L.size == 0:
         raise ValueError(f"context_length: expected at least one length, got {context_length!r}")
     if L.dtype.kind not in "iu" and not big:

@@ -994,3 +994,23 @@ def test_rate_and_bound_flags_are_checked():
         embgeom.cell_volume_rate(p, 8, lower=p * 1.1, upper=p * 0.9)
     ok = embgeom.cell_volume_rate(p, 8, lower=p * 0.9, upper=p * 1.1)
     assert ok.rate == pytest.approx(embgeom.cell_volume_rate(p, 8).rate)
+
+
+def test_cell_volume_rate_refuses_interval_ends_on_the_wrong_side_of_the_fractions():
+    """lower above the estimate (or upper below it) was used silently for rate_interval."""
+    p = np.random.default_rng(0).dirichlet(np.ones(50))
+    lo, up = p * 0.9, p * 1.1
+    with pytest.raises(ValueError, match=r"lower: expected lower <= fractions for every token "
+                                         r".* for 1 token\(s\), e.g. token 3: lower 0.5"):
+        embgeom.cell_volume_rate(p, 8, lower=np.where(np.arange(50) == 3, 0.5, lo), upper=up + 0.5)
+    with pytest.raises(ValueError, match=r"lower: expected lower <= fractions .* 50 token"):
+        embgeom.cell_volume_rate(p, 8, lower=p * 1.1)  # no upper to cross
+    with pytest.raises(ValueError, match=r"upper: expected upper >= fractions .* 50 token"):
+        embgeom.cell_volume_rate(p, 8, upper=p * 0.9)
+    with pytest.raises(ValueError, match=r"upper: expected upper >= fractions .* e.g. token 7"):
+        embgeom.cell_volume_rate(p, 8, lower=lo * 0, upper=np.where(np.arange(50) == 7, 0.0, up))
+    # ends equal to the estimate (an exact token) and a rounding's worth away are intervals
+    for ends in (dict(lower=p * (1 + 1e-12)), dict(upper=p * (1 - 1e-12)),
+                 dict(lower=p.copy(), upper=p.copy())):
+        r = embgeom.cell_volume_rate(p, 8, **ends)
+        assert r.rate_interval == pytest.approx((r.rate, r.rate))

@@ -172,6 +172,16 @@ def _check_fractions(fractions, name: str, sum_tol: float | None) -> np.ndarray:
     return f
 
 
+def _check_side(bad: np.ndarray, name: str, rel: str, end: np.ndarray, f: np.ndarray) -> None:
+    """Refuse the interval end ``name`` where ``bad`` (it lies on the wrong side of ``f``)."""
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}: expected {name} {rel} fractions for every token (an interval "
+                         f"end on its side of the estimate), got the opposite for "
+                         f"{int(bad.sum())} token(s), e.g. token {i}: {name} {end[i]:.6g}, "
+                         f"fraction {f[i]:.6g}")
+
+
 def _lower_quantile_exact(vals: np.ndarray, level: float) -> float:
     """Smallest ``s`` with ``P(S <= s) >= level`` for equally likely values."""
     s = np.sort(vals)
@@ -347,8 +357,9 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     TypeError, ValueError
         Not a 1-D float array, NaN/inf, negative entries, fewer than 2 tokens, a sum away from
         1, ``k_max`` outside [1, 256], ``max_support < 2``, mismatched ``lower``/``upper`` shapes,
-        ``n_boot > 0`` without ``n_samples``; ``lower``, ``upper`` or ``n_samples`` given with a
-        ``CellVolumes``.
+        ``lower > upper``, ``lower > fractions`` or ``upper < fractions`` for a token (beyond a
+        relative 1e-9), ``n_boot > 0`` without ``n_samples``; ``lower``, ``upper`` or
+        ``n_samples`` given with a ``CellVolumes``.
 
     Notes
     -----
@@ -424,6 +435,11 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     if lo is not None and up is not None and np.any(lo > up):
         raise ValueError(f"lower and upper: expected lower <= upper for every token, got lower > "
                          f"upper for {int(np.sum(lo > up))} token(s)")
+    # an interval holds its estimate (to a relative 1e-9: the ends are computed apart from it)
+    if lo is not None:
+        _check_side(lo > f * (1 + 1e-9), "lower", "<=", lo, f)
+    if up is not None:
+        _check_side(up < f * (1 - 1e-9), "upper", ">=", up, f)
     if n_boot > 0 and n_samples is None:
         raise ValueError("n_boot: a bootstrap needs n_samples (the Monte Carlo sample count)")
 

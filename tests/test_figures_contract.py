@@ -106,6 +106,16 @@ def test_histogram_refuses_bad_path_and_ax(cv):
         cv.histogram(bins=0)
 
 
+@pytest.mark.parametrize("bad", [[-1.0, -2.0], np.log(np.full(8, 1 / 8)), None, {"counts": [1]}])
+def test_histogram_refuses_what_is_not_a_cell_volumes(bad, tmp_path):
+    """A plain list of log-shares gave AttributeError: 'list' object has no attribute 'counts'."""
+    with pytest.raises(TypeError, match=r"cv: expected an embgeom.volumes.CellVolumes .* got "
+                                        rf"{type(bad).__name__}; for bare log-shares use "
+                                        r"plot_cell_shares"):
+        plot_cell_histogram(bad, path=tmp_path / "h.png")
+    assert not (tmp_path / "h.png").exists()
+
+
 # ------------------------------------------------------ 2. plot_accessible_fraction lengths
 
 
@@ -161,6 +171,22 @@ def test_accessible_fraction_far_apart_cliffs_are_drawn(tmp_path):
      r"vocab_size: expected an integer >= 2, got 0 \(the number of log_shares"),
     ({"log_shares": [-1.0, -2.0], "vocab_size": 1}, r"vocab_size: expected an integer >= 2"),
     ({"log_shares": ["a", "b"]}, r"log_shares: expected an array of log-shares"),
+    # out of the domain: a share above 1, or nothing resolved to draw
+    ({"log_shares": [np.inf, -1.0]},
+     r"log_shares: expected log-shares <= 0 \(nats; a share is at most 1\), got max inf"),
+    ({"log_shares": [0.5, -1.0]}, r"log_shares: expected log-shares <= 0 .* got max 0.5"),
+    ({"log_shares": [-1.0, -2.0], "log_lower": [-2.0, -3.0], "log_upper": [0.0, np.inf]},
+     r"log_upper: expected log-shares <= 0 .* got max inf"),
+    ({"log_shares": [-1.0, -2.0], "log_lower": [np.inf, -3.0], "log_upper": [0.0, 0.0]},
+     r"log_lower: expected log-shares <= 0"),
+    ({"log_shares": [np.nan, np.nan]},
+     r"log_shares: expected at least one resolved cell .* got none of 2 \(2 NaN, 0 -inf\)"),
+    ({"log_shares": [np.nan, -np.inf, np.nan]}, r"log_shares: expected at least one resolved cell"),
+    ({"log_shares": [-1.0, -2.0], "unresolved": [True, True]},
+     r"log_shares: expected at least one resolved cell"),
+    ({"log_shares": [np.nan, -2.0], "unresolved": [False, False]},
+     r"log_shares: expected a finite log-share for every token not flagged in unresolved, "
+     r"got nan for 1 of them"),
 ])
 def test_cell_shares_refuses_bad_input(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
@@ -171,6 +197,47 @@ def test_cell_shares_refuses_bad_input(kwargs, match, tmp_path):
 def test_cell_shares_vocab_size_must_be_an_integer(tmp_path):
     with pytest.raises(TypeError, match=r"vocab_size: expected an integer"):
         plot_cell_shares([-1.0, -2.0], tmp_path / "c.png", vocab_size=10.5)
+
+
+def test_cell_shares_draws_shares_at_the_edge_of_the_domain(tmp_path):
+    # a share of 1 (log 0), one unresolved NaN beside a resolved cell, an upper end of log 1
+    out = plot_cell_shares([0.0, -1.0, np.nan], tmp_path / "c", log_lower=[-0.1, -2.0, np.nan],
+                           log_upper=[0.0, -0.5, -3.0])
+    assert out == str(tmp_path / "c.png") and (tmp_path / "c.png").read_bytes()[:8] == PNG
+
+
+# ------------------------------------------------------------------- 6. plot_linear_law
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    ({"slopes": {"ball": math.nan}}, ValueError, r"slopes\['ball'\]: expected a finite number, got nan"),
+    ({"slopes": {"ball": math.inf}}, ValueError, r"slopes\['ball'\]: expected a finite number"),
+    ({"slopes": {"ball": -3.0}}, ValueError, r"slopes\['ball'\]: expected a number >= 0, got -3.0"),
+    ({"slopes": {"ball": "3"}}, TypeError, r"slopes\['ball'\]: expected a real number, got str"),
+    ({"slopes": {"ball": True}}, TypeError, r"slopes\['ball'\]: expected a real number, got bool"),
+    ({"slopes": {"ball": None}}, TypeError, r"slopes\['ball'\]: expected a real number"),
+    ({"slopes": {"ball": 3.0}, "reference": {"cube": math.nan}}, ValueError,
+     r"reference\['cube'\]: expected a finite number"),
+    ({"slopes": {}, "reference": {"cube": "x"}}, TypeError, r"reference\['cube'\]: expected a real"),
+    ({"slopes": [3.0]}, TypeError, r"slopes: expected a dict of label -> slope C .* got list"),
+    ({"slopes": {"ball": 3.0}, "c_emp": {"c_emp": math.nan}}, ValueError,
+     r"c_emp\['c_emp'\]: expected a finite number"),
+    ({"slopes": {"ball": 3.0}, "c_emp": {"c_emp": "2"}}, TypeError, r"c_emp\['c_emp'\]: expected a real"),
+    ({"slopes": {"ball": 3.0}, "c_emp": {"c_emp": 2.0, "c_emp_lower": -1.0}}, ValueError,
+     r"c_emp\['c_emp_lower'\]: expected a number > 0"),
+])
+def test_linear_law_refuses_slopes_that_are_not_numbers(kwargs, err, match, tmp_path):
+    """A NaN slope was drawn silently (an empty line and "C = nan"); a string one failed with
+    numpy's words (ufunc 'multiply' did not contain a loop)."""
+    with pytest.raises(err, match=match):
+        plot_linear_law(path=tmp_path / "ll.png", **kwargs)
+    assert not (tmp_path / "ll.png").exists()
+
+
+def test_linear_law_takes_numpy_and_integer_slopes(tmp_path):
+    out = plot_linear_law({"ball": np.float32(3.5), "box": 4}, tmp_path / "ll", m_max=2,
+                          reference={"cube": np.int64(9)}, c_emp={"c_emp": np.float64(2.0)})
+    assert (tmp_path / "ll.png").read_bytes()[:8] == PNG and out == str(tmp_path / "ll.png")
 
 
 # ---------------------------------------------------------------- 5. plot_support_volumes

@@ -524,17 +524,22 @@ def _captured_figure(monkeypatch):
 def test_cell_histogram_keeps_the_bulk_readable_beside_one_far_token():
     """One cell 30 nats below the rest (SmolLM2 has one at -41 nats) used to squash every other
     token into a bin or two: it is a hatched bar past the edge, with its value written."""
-    import types
-
     from embgeom.report.figures import plot_cell_histogram
+    from embgeom.volumes import CellVolumes
+
+    def rare_event_volumes(x):  # the fields the histogram reads, of a real result type
+        V = x.size
+        return CellVolumes(
+            fractions=np.zeros(V), counts=np.zeros(V, np.int64), n_samples=1000,
+            lower=np.zeros(V), upper=np.full(V, 3e-3), confidence=0.95,
+            interval="clopper-pearson", support_log_volume=float("nan"), sampling="directions",
+            seed=np.random.SeedSequence(0), seconds=0.0, extra={"rare_event": {"n_chains": 128}},
+            log_fractions=x, log_lower=x - 0.1, log_upper=np.minimum(x + 0.1, 0.0),
+            token_method=np.array(["rare-event"] * V), estimator="rare-event")
 
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.normal(-11.0, 1.0, 300), [-41.0]])
-    cv = types.SimpleNamespace(counts=np.zeros(x.size, np.int64), estimator="rare-event",
-                               token_method=np.array(["rare-event"] * x.size),
-                               log_fractions=x, extra={"rare_event": {"n_chains": 128}},
-                               n_samples=1000, n_zero=0)
-    ax = plot_cell_histogram(cv)
+    ax = plot_cell_histogram(rare_event_volumes(x))
     bulk = [p for p in ax.patches if not p.get_hatch()]
     far = [p for p in ax.patches if p.get_hatch()]
     assert sum(p.get_height() for p in bulk) == 300 and len(far) == 1
@@ -544,9 +549,7 @@ def test_cell_histogram_keeps_the_bulk_readable_beside_one_far_token():
     assert labels[1] == "1 token far below (the most extreme at -41.0 nats), axis not to scale"
     assert any(t.get_text() == "-41.0" for t in ax.texts)
     # few tokens: every one to scale, no fence
-    cv.log_fractions, cv.token_method = x[-10:], cv.token_method[-10:]
-    cv.counts = cv.counts[-10:]
-    ax = plot_cell_histogram(cv)
+    ax = plot_cell_histogram(rare_event_volumes(x[-10:]))
     assert not any(p.get_hatch() for p in ax.patches)
     assert min(p.get_x() for p in ax.patches) == pytest.approx(-41.0)
 

@@ -239,8 +239,9 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     Parameters
     ----------
     log_shares : array_like of float, shape (|V|,)
-        Natural log of each cell's share of the support (nats); ``-inf`` or NaN for a token
-        whose share is not resolved (no Monte Carlo hit, or not estimated). At least one.
+        Natural log of each cell's share of the support (nats, <= 0); ``-inf`` or NaN for a
+        token whose share is not resolved (no Monte Carlo hit, or not estimated). At least one
+        resolved (finite).
     path : str or Path
         PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     log_lower, log_upper : array_like of float, shape (|V|,), optional
@@ -267,7 +268,10 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     Raises
     ------
     ValueError
-        ``log_shares`` empty or not 1-D (or not numbers); ``log_lower``, ``log_upper`` or
+        ``log_shares`` empty or not 1-D (or not numbers); a value above 0 (``+inf`` included:
+        a share above 1) in ``log_shares``, ``log_lower`` or ``log_upper``; no resolved cell
+        (every log-share NaN or ``-inf``, or flagged in ``unresolved``); a token not flagged
+        in ``unresolved`` without a finite log-share; ``log_lower``, ``log_upper`` or
         ``unresolved`` not of shape ``(k,)``; ``vocab_size`` smaller than ``k``, the number of
         shares (each names the argument).
     TypeError
@@ -282,6 +286,10 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     k = ls.size
     lower = None if log_lower is None else _shares_array(log_lower, "log_lower", k)
     upper = None if log_upper is None else _shares_array(log_upper, "log_upper", k)
+    for name, arr in (("log_shares", ls), ("log_lower", lower), ("log_upper", upper)):
+        if arr is not None and np.any(arr > 1e-9):  # NaN compares False; +inf is caught
+            raise ValueError(f"{name}: expected log-shares <= 0 (nats; a share is at most 1), "
+                             f"got max {float(np.nanmax(arr))!r} ({int(np.sum(arr > 1e-9))} above 0)")
     if vocab_size is None:
         V = k
     else:
@@ -298,6 +306,16 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
         if unres.shape != (k,):
             raise ValueError(f"unresolved: expected shape ({k},), one flag per log-share, got "
                              f"{unres.shape}")
+        drawn = ~unres & ~np.isfinite(ls)
+        if drawn.any():
+            raise ValueError(f"log_shares: expected a finite log-share for every token not "
+                             f"flagged in unresolved, got {float(ls[drawn][0])!r} for "
+                             f"{int(drawn.sum())} of them")
+    if unres.all():
+        raise ValueError(f"log_shares: expected at least one resolved cell (a finite log-share "
+                         f"not flagged in unresolved), got none of {k} "
+                         f"({int(np.isnan(ls).sum())} NaN, {int(np.isneginf(ls).sum())} -inf): "
+                         f"nothing to draw")
     order = np.argsort(-np.where(unres, -np.inf, ls), kind="stable")
     res_order = order[~unres[order]]
     fig = _figure(7.5, 4.4)
@@ -385,14 +403,22 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     Raises
     ------
     TypeError
-        ``ax`` not a matplotlib Axes; ``path`` not a str or path-like object; ``bins`` not an
-        integer.
+        ``cv`` not a :class:`~embgeom.volumes.CellVolumes` (an array or list of log-shares
+        included: :func:`plot_cell_shares` draws those); ``ax`` not a matplotlib Axes; ``path``
+        not a str or path-like object; ``bins`` not an integer.
     ValueError
         ``path`` an existing directory, ending in a separator, or with a suffix matplotlib
         cannot write; ``bins < 1``. All before anything is drawn.
     """
     from matplotlib.axes import Axes
 
+    from ..volumes import CellVolumes  # the caller holds one: the module is loaded already
+
+    if not isinstance(cv, CellVolumes):
+        raise TypeError(f"cv: expected an embgeom.volumes.CellVolumes (the result of "
+                        f"cell_volumes, whose counts, intervals and estimator the histogram "
+                        f"reads), got {type(cv).__name__}; for bare log-shares use "
+                        f"plot_cell_shares")
     if ax is not None and not isinstance(ax, Axes):
         raise TypeError(f"ax: expected a matplotlib Axes (or None, for a new figure), got "
                         f"{type(ax).__name__} {ax!r}")
@@ -695,17 +721,28 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     Raises
     ------
     ValueError
-        No slopes at all.
+        No slopes at all; a slope of ``slopes`` or ``reference`` that is NaN, infinite or
+        negative (named as ``slopes['ball']``; a slope of 0, a support of one point at this
+        precision, is listed but lies below the log y axis); a ``c_emp`` value (``c_emp``,
+        ``c_emp_lower``, ``c_emp_upper``) that is not finite and > 0.
     TypeError
-        A ``path`` the plot helpers refuse (:func:`_figure_path`, which also raises
+        ``slopes`` or ``reference`` not a dict; a slope that is not a real number (a string, a
+        bool); a ``path`` the plot helpers refuse (:func:`_figure_path`, which also raises
         ValueError).
     """
     target = _figure_path(path)
+    slopes = _slope_dict(slopes, "slopes")
+    reference = _slope_dict(reference, "reference")
     if not slopes and not reference:
         raise ValueError("slopes: expected at least one slope")
     m_max = check_positive_int(m_max, "m_max")
     m = np.arange(1, m_max + 1)
     measured = bool(c_emp and c_emp.get("c_emp") is not None)
+    if measured:
+        c_emp = dict(c_emp)
+        for key in ("c_emp", "c_emp_lower", "c_emp_upper"):
+            if c_emp.get(key) is not None:
+                c_emp[key] = check_positive(c_emp[key], f"c_emp[{key!r}]")
     fig = _figure(11.0 if measured else 7.5, 4.6)
     axes = fig.subplots(1, 2 if measured else 1, squeeze=False).ravel()
     ax = axes[0]
@@ -765,6 +802,18 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3, which="both")
     return _save(fig, target)
+
+
+def _slope_dict(slopes, name: str) -> dict:
+    """``slopes`` (label -> C, tokens per vector) as a dict of finite floats >= 0; ``None`` is an
+    empty dict. TypeError/ValueError naming ``name[label]``."""
+    if slopes is None:
+        return {}
+    if not isinstance(slopes, Mapping):
+        raise TypeError(f"{name}: expected a dict of label -> slope C (tokens per prompt vector), "
+                        f"got {type(slopes).__name__}")
+    return {label: check_positive(C, f"{name}[{label!r}]", allow_zero=True)
+            for label, C in slopes.items()}
 
 
 def _n50_points(c_emp: dict):

@@ -554,6 +554,81 @@ def test_rate_from_logs_per_token_error_enters_the_interval():
     assert noisy.rate_conservative <= noisy.rate_ci[0] + 1e-12
 
 
+def test_rate_from_logs_a_token_without_a_lower_end_widens_the_interval():
+    """log_lower = -inf (the share may be 0) gave that token no spread: rate_ci was as narrow
+    as if its share were exact, though at share 0 lambda is far above it. The interval now
+    covers the token anywhere in [0, its upper end]: at 0, at its estimate, at its upper end."""
+    x = np.log(np.random.default_rng(0).dirichlet(np.ones(50)))
+    lo, hi = x - 0.01, np.minimum(x + 0.01, 0.0)
+    tight = B.cell_volume_rate_from_logs(x, 8, log_lower=lo, log_upper=hi, n_boot=60, seed=1)
+    at_zero = B.cell_volume_rate_from_logs(np.r_[-np.inf, x[1:]], 8, n_boot=0).rate
+    at_top = B.cell_volume_rate_from_logs(np.r_[x[0] + 3.0, x[1:]], 8, n_boot=0).rate
+    assert tight.rate_ci[1] < at_zero - 0.1  # token 0 exact: the interval excludes its share 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wide = B.cell_volume_rate_from_logs(x, 8, log_lower=np.r_[-np.inf, lo[1:]],
+                                            log_upper=np.r_[x[0] + 3.0, hi[1:]], n_boot=60, seed=1)
+    assert wide.rate == tight.rate  # the point does not move
+    assert wide.rate_ci[0] <= min(tight.rate_ci[0], at_top) + 1e-9
+    assert wide.rate_ci[1] >= at_zero - 1e-9
+    assert wide.rate_conservative <= tight.rate_conservative
+    assert any(p.startswith("1 token(s) without a lower end") for p in wide.ci_includes)
+    # without an upper end the share may be up to 1; enough such tokens make lambda unbounded
+    many = B.cell_volume_rate_from_logs(x, 8, log_lower=np.r_[np.full(10, -np.inf), lo[10:]],
+                                        n_boot=30, seed=1)
+    assert many.rate_ci[0] <= tight.rate_ci[0] and many.rate_ci[1] == math.inf
+    # no lower end anywhere: from uniform shares (lambda = log|V|, its least) to no bound at all
+    none = B.cell_volume_rate_from_logs(x, 8, log_lower=np.full(50, -np.inf), n_boot=10, seed=1)
+    assert none.rate_ci == (pytest.approx(math.log(50)), math.inf)
+    assert none.log_total_ci == (-math.inf, pytest.approx(math.log(50)))  # sum 0 to |V|
+
+
+@pytest.mark.parametrize("far", [-1e20, -1e300, -1.7e308])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_rate_from_logs_far_apart_log_shares_keep_their_digits(far, normalize):
+    """One log-share of -1e20 among values of a few nats made the median curve's grid step
+    2e16 nats: lambda came out -1.21 (below 0, with an 'exact' bracket); -1e300 and -1e308
+    gave overflow RuntimeWarnings. While at most half of the k-fold sums hold the far cell it
+    acts as an empty one, so lambda is the same as with -inf there, and nothing overflows."""
+    y = np.log(np.random.default_rng(0).dirichlet(np.ones(49)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = B.cell_volume_rate_from_logs(np.r_[far, far, y], 8, n_boot=20, seed=2,
+                                         normalize=normalize)
+    b = B.cell_volume_rate_from_logs(np.r_[-np.inf, -np.inf, y], 8, n_boot=20, seed=2,
+                                     normalize=normalize)
+    assert a.rate == pytest.approx(b.rate, rel=1e-12) and a.rate > math.log(51) - 0.5
+    assert a.rate_bracket == pytest.approx(b.rate_bracket, rel=1e-12)
+    np.testing.assert_allclose(a.log_median, b.log_median, rtol=1e-12)
+    assert a.rate_ci == pytest.approx(b.rate_ci, rel=1e-12)
+    assert a.n_empty == 0 and b.n_empty == 2
+    if not normalize:  # -mean log f, summed without overflow
+        assert a.rate_asymptotic == pytest.approx(-(2 * (far / 51) + y.sum() / 51), rel=1e-12)
+
+
+def test_rate_from_logs_is_homogeneous_up_to_the_float_range():
+    """Without renormalisation lambda of c x is c times lambda of x: at c = 1e300 the sums and
+    the fit's squares overflowed (RuntimeWarnings); they are now formed in units of 2**e."""
+    x = np.linspace(-1.0, -1e-3, 50)  # a sample of 50 of 100 tokens: the bootstrap resamples
+    ref = B.cell_volume_rate_from_logs(x, 8, n_boot=20, seed=3, normalize=False, vocab_size=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for c in (2.0**600, 1e300, 1.7e308):
+            r = B.cell_volume_rate_from_logs(c * x, 8, n_boot=20, seed=3, normalize=False,
+                                             vocab_size=100)
+            assert r.rate == pytest.approx(c * ref.rate, rel=1e-12)
+            assert r.rate_ci == pytest.approx((c * ref.rate_ci[0], c * ref.rate_ci[1]), rel=1e-12)
+            # (a c that is not a power of two moves an atom across a half-node now and then)
+            assert r.rate_bootstrap == pytest.approx((c * ref.rate_bootstrap[0],
+                                                      c * ref.rate_bootstrap[1]), rel=1e-4)
+            assert r.rate_asymptotic == pytest.approx(c * ref.rate_asymptotic, rel=1e-12)
+            # a median product below exp(-1.8e308) is 0 to any precision: -inf, the rest kept
+            with np.errstate(over="ignore"):  # the expected value itself overflows there
+                beyond = ~np.isfinite(c * ref.log_median)
+            assert np.all(np.isneginf(r.log_median[beyond]))
+            np.testing.assert_allclose(r.log_median[~beyond], c * ref.log_median[~beyond], rtol=1e-12)
+
+
 def test_rate_from_logs_nan_outside_sample_unresolved_and_empty():
     rng = np.random.default_rng(5)
     V = 300

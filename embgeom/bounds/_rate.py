@@ -36,7 +36,8 @@ class CellVolumeRate:
         The same fit through the origin (``lambda_0 = sum k y_k / sum k^2``).
     k : ndarray of int64, shape (k_max,)
     log_median : ndarray of float64, shape (k_max,)
-        ``log`` of the median of the product of ``k`` fractions (<= 0; ``-inf`` possible).
+        ``log`` of the median of the product of ``k`` fractions (<= 0; ``-inf`` possible: a
+        product of 0, or a log below the float range, -1.8e308 nats).
     log_median_low, log_median_high : ndarray of float64, shape (k_max,)
         Discretisation bracket (atoms rounded down / up to the grid); equal when exact.
     rate_bracket : tuple of float
@@ -196,12 +197,22 @@ def _median_curve(x: np.ndarray, k_max: int, max_support: int, exact_limit: int,
     Returns (point, low, high, exact_k): ``point`` from atoms rounded to the nearest grid node,
     ``low``/``high`` from atoms rounded down/up (stochastic order brackets the true median).
     Only the curves named in ``which`` are computed beyond the exact ``k`` (the others stay
-    ``-inf`` there).
+    ``-inf`` there). ``x`` must be small enough for ``k_max`` times it to be finite (the callers
+    scale it, :func:`_scaled_curve`).
+
+    Beyond the exact ``k`` the finite atoms go on a grid between their largest and smallest
+    value. Atoms far below the rest (a gap wider than ``k_max - 1`` times the span above it,
+    :func:`_near_count`) are left off that grid like ``-inf`` atoms while at least half of the
+    ``k``-fold sums hold none of them: every sum with one lies below every sum without, so the
+    median is a quantile of the sums without, on a grid of the near atoms' span (a single far
+    log-share of ``-1e20`` made the grid step ``2e16`` nats and the median of ``-3.9``-nat atoms
+    0). Grid values are counted down from the largest atom (``k top - j h``), so they keep its
+    digits however far below the smallest atom lies.
     """
     n = x.size
     finite = np.isfinite(x)
     q_fin = finite.mean()  # probability that one draw is finite
-    xf = x[finite]
+    xf = np.sort(x[finite])[::-1]  # largest first
     ks = np.arange(1, k_max + 1)
     point = np.full(k_max, -np.inf)
     low = np.full(k_max, -np.inf)
@@ -217,47 +228,115 @@ def _median_curve(x: np.ndarray, k_max: int, max_support: int, exact_limit: int,
             v = _lower_quantile_exact(sums, 0.5)
         point[k - 1] = low[k - 1] = high[k - 1] = v
         exact_k.append(int(k))
-    todo = [k for k in ks if k not in exact_k]
+    todo = [int(k) for k in ks if k not in exact_k]
     if not todo or xf.size == 0:
         return point, low, high, exact_k
-    xmin, xmax = float(xf.min()), float(xf.max())
-    span = xmax - xmin
+    n_near = _near_count(xf, k_max)
+    q_near = n_near / n  # probability that one draw is a near atom
+    results = {"point": point, "low": low, "high": high}
+    # per k: the atoms whose sums hold the median and its level among them (None: -inf)
+    plan = {}
+    for k in todo:
+        p_fin, p_near = q_fin**k, q_near**k
+        if 1.0 - p_fin >= 0.5 - 1e-12:  # at least half the sums hold an empty cell
+            plan[k] = None
+        elif n_near < xf.size and 1.0 - p_near < 0.5 - 1e-12:  # the median has no far atom
+            plan[k] = (n_near, (0.5 - (1.0 - p_near)) / p_near)
+        else:
+            plan[k] = (xf.size, (0.5 - (1.0 - p_fin)) / p_fin)
+    for m in sorted({p[0] for p in plan.values() if p is not None}):
+        ks_m = [k for k in todo if plan[k] is not None and plan[k][0] == m]
+        levels = {k: plan[k][1] for k in ks_m}
+        for key, vals in _grid_quantiles(xf[:m], levels, max_support, which).items():
+            for k, v in vals.items():
+                results[key][k - 1] = v
+    return point, low, high, exact_k
+
+
+def _near_count(xf: np.ndarray, k_max: int) -> int:
+    """How many of the largest atoms ``xf`` (sorted, largest first, finite) are "near": the
+    most ``j < len(xf)`` for which ``xf[j-1] - xf[j] > (k_max - 1) (xf[0] - xf[j-1])``, so that a
+    sum of ``k <= k_max`` atoms holding one of the rest lies below every sum of ``k`` near
+    atoms; ``len(xf)`` when there is no such gap."""
+    if xf.size < 2:
+        return int(xf.size)
+    gaps = xf[:-1] - xf[1:]  # gap below atom j - 1, j = 1..len - 1
+    spans = xf[0] - xf[:-1]  # span of the j largest atoms
+    ok = np.flatnonzero(gaps > (k_max - 1) * spans)
+    return int(ok[-1] + 1) if ok.size else int(xf.size)
+
+
+def _grid_quantiles(xf: np.ndarray, levels: dict, max_support: int, which) -> dict:
+    """``{curve: {k: lower level-quantile of the k-fold sum}}`` of the equally likely atoms
+    ``xf`` (finite, largest first) on a grid of ``max_support`` nodes, for ``k`` in ``levels``;
+    atoms rounded to the nearest node (``point``), down (``low``) or up (``high``)."""
+    top = float(xf[0])
+    span = top - float(xf[-1])
     B = max_support if span > 0 else 1
     h = span / (B - 1) if B > 1 else 1.0
-    z = (xf - xmin) / h if B > 1 else np.zeros_like(xf)
-    w = np.full(xf.size, 1.0 / xf.size)
-    rounding = {"point": lambda v: np.rint(v), "low": lambda v: np.floor(v + 1e-9),
-                "high": lambda v: np.ceil(v - 1e-9)}
-    pmfs = {key: np.bincount(np.clip(rounding[key](z), 0, B - 1).astype(np.int64), w, minlength=B)
-            for key in which}
-    results = {"point": point, "low": low, "high": high}
+    w = (top - xf) / h if B > 1 else np.zeros_like(xf)  # nodes below the top, in [0, B - 1]
+    wts = np.full(xf.size, 1.0 / xf.size)
+    # index i = B - 1 - (nodes below the top): ascending values, as the cumulative sum needs
+    rounding = {"point": lambda v: np.rint(v), "low": lambda v: np.ceil(v - 1e-9),
+                "high": lambda v: np.floor(v + 1e-9)}
     from scipy import signal  # FFT convolution; imported here so that import stays light
 
-    for key, p1 in pmfs.items():
+    out = {}
+    k_last = max(levels)
+    for key in which:
+        i1 = (B - 1) - np.clip(rounding[key](w), 0, B - 1).astype(np.int64)
+        p1 = np.bincount(i1, wts, minlength=B)
         pk = p1.copy()
-        for k in range(1, k_max + 1):
+        out[key] = {}
+        for k in range(1, k_last + 1):
             if k > 1:
                 pk = signal.fftconvolve(pk, p1) if B > 1 else pk
                 pk = np.clip(pk, 0.0, None)
                 pk /= pk.sum()
-            if k in exact_k:
+            if k not in levels:
                 continue
-            # the k-fold sum is -inf with probability 1 - q_fin^k, else distributed as pk
-            p_fin = q_fin**k
-            p_inf = 1.0 - p_fin
-            if p_inf >= 0.5 - 1e-12:
-                results[key][k - 1] = -np.inf
-                continue
-            level = (0.5 - p_inf) / p_fin
             cdf = np.cumsum(pk)
-            i = int(np.searchsorted(cdf, level - 1e-9))
-            i = min(i, pk.size - 1)
-            results[key][k - 1] = k * xmin + i * h
-    return point, low, high, exact_k
+            i = min(int(np.searchsorted(cdf, levels[k] - 1e-9)), pk.size - 1)
+            out[key][k] = k * top - (k * (B - 1) - i) * h
+    return out
 
 
-def _fit_rate(ks: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float, float]:
-    """(slope, intercept, r2, slope through origin, r2 through origin) of y = -log median."""
+#: Log-shares beyond this magnitude (nats) are divided by a power of two before the median
+#: curve and the fit (:func:`_scaled_curve`): ``k_max`` times them, and the squares of the fit,
+#: would overflow float64 (a log-share of -1e300, a share that is 0 to any precision, still
+#: gives its rate).
+_SCALE_LIMIT = 2.0**480
+
+
+def _scaled_curve(v: np.ndarray, k_max: int, max_support: int, exact_limit: int,
+                  which=("point", "low", "high")):
+    """:func:`_median_curve` of ``v`` in units of ``2**e``: ``(point, low, high, exact_k, e)``.
+
+    ``e = 0`` (``v`` as given) unless its largest finite magnitude exceeds
+    :data:`_SCALE_LIMIT`; then ``v 2**-e`` lies in [-1, 0]. A power of two divides exactly and
+    the median curve is homogeneous (a median of sums, a grid of the atoms' span), so the
+    curve in units of ``2**e`` is the curve of ``v`` divided by ``2**e``: it is read back with
+    :func:`_unscaled` and fitted with ``_fit_rate(..., e)``.
+    """
+    finite = v[np.isfinite(v)]
+    big = float(np.max(np.abs(finite))) if finite.size else 0.0
+    e = math.frexp(big)[1] if big > _SCALE_LIMIT else 0
+    return (*_median_curve(np.ldexp(v, -e) if e else v, k_max, max_support, exact_limit, which), e)
+
+
+def _unscaled(v, e: int):
+    """``v 2**e``; a log beyond float64 (below -1.8e308 nats: a product that is 0 to any
+    precision) becomes ``-inf``."""
+    if not e:
+        return v
+    with np.errstate(over="ignore"):
+        return np.ldexp(v, e)
+
+
+def _fit_rate(ks: np.ndarray, y: np.ndarray, e: int = 0) -> tuple[float, float, float, float, float]:
+    """(slope, intercept, r2, slope through origin, r2 through origin) of y = -log median,
+    ``y`` in units of ``2**e`` (:func:`_scaled_curve`; slopes and intercept are returned in
+    nats, ``inf`` beyond float64)."""
     if not np.all(np.isfinite(y)):
         return np.inf, np.nan, np.nan, np.inf, np.nan
     k = ks.astype(np.float64)
@@ -273,7 +352,8 @@ def _fit_rate(ks: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float
     res0 = y - s0 * k
     ss0 = float(np.sum(y**2))
     r20 = 1.0 - float(np.sum(res0**2)) / ss0 if ss0 > 0 else 1.0
-    return float(slope), float(icpt), float(r2), s0, r20
+    slope, icpt, s0 = (float(_unscaled(np.float64(v), e)) for v in (slope, icpt, s0))
+    return slope, icpt, float(r2), s0, float(r20)
 
 
 def _fill_zeros(f: np.ndarray, upper, n_samples) -> tuple[np.ndarray, str, int]:
@@ -367,7 +447,9 @@ def cell_volume_rate(fractions, k_max: int = 32, *, max_support: int = 4096, low
     ``|V|`` equally likely atoms; the product of ``k`` fractions is the ``k``-fold sum of
     log-fractions (multiplicative convolution in the log domain). While ``|V|^k`` is small it is
     enumerated exactly; beyond that the atoms are put on a uniform grid of ``max_support`` nodes
-    between the smallest and largest log-fraction and convolved with FFTs. Rounding every atom
+    between the smallest and largest log-fraction and convolved with FFTs (atoms far below the
+    rest are left off the grid for the ``k`` whose median holds none of them, as
+    :func:`cell_volume_rate_from_logs` explains under *Far-apart log-shares*). Rounding every atom
     down (up) to the grid gives a sum that is stochastically smaller (larger), so the true median
     is bracketed by ``log_median_low``/``log_median_high``; atoms that already lie on the grid
     (uniform or two-level fractions) make the result exact. The median is the lower median
@@ -560,61 +642,110 @@ def _normalised(v: np.ndarray, V: int, norm: bool) -> np.ndarray:
     if not norm:
         return v
     finite = v[np.isfinite(v)]
-    if finite.size == 0:
-        return v - _log_total(v, V)
+    if finite.size == 0:  # every share 0 (a replicate of empty cells): nothing to divide
+        return v
     with np.errstate(invalid="ignore"):
         u = v - float(finite.max())
     return u - _log_total(u, V)
 
 
-def _log_share_bootstrap(x, lo, unresolved, empty, V: int, norm: bool, sample: bool, ks,
+def _log_share_bootstrap(x, lo, hi, unresolved, empty, V: int, norm: bool, sample: bool, ks,
                          n_boot: int, confidence: float, token_confidence: float,
                          max_support: int, exact_limit: int, rng):
     """The bootstrap of :func:`cell_volume_rate_from_logs` (its Notes, *Interval*).
 
     Returns ``(rate_bootstrap, rate_ci, ci_includes, log_total_ci)``: the replicates' (mean,
     std), their percentile interval at ``confidence``, the parts of the error included, and the
-    percentile interval of the estimated log-sum.
+    percentile interval of the estimated log-sum. Tokens with a log-share but no lower end
+    (``lo = -inf``: the share may be 0) are computed at both ends of their interval in every
+    replicate; the intervals are then the envelope of the two ends' percentile intervals.
     """
     from scipy import stats
 
     n = x.size
     se = np.zeros(n)
     includes = []
+    wide = np.zeros(n, bool)
     if lo is not None:
         z = float(stats.norm.ppf(0.5 + token_confidence / 2))
         ok = ~unresolved & ~empty & np.isfinite(lo)
         se[ok] = (x[ok] - lo[ok]) / z
+        wide = ~unresolved & ~empty & np.isneginf(lo)
     if sample:
         includes.append(f"token sampling (bootstrap over the {n} sampled tokens of {V})")
     if np.any(se > 0):
         includes.append("per-token Monte Carlo error (each log-share redrawn from its interval)")
+    ends = [None]
+    if wide.any():
+        ends = _wide_ends(x, hi, wide, norm)
+        includes.append(f"{int(wide.sum())} token(s) without a lower end (log_lower -inf: a share "
+                        f"that may be 0), each replicate computed with them at share 0, at their "
+                        f"estimate, at their upper end "
+                        f"{'(log_upper)' if hi is not None else '(share 1)'}"
+                        f"{' and at the mean share' if norm else ''}: the envelope of those")
     if norm:
         includes.append("renormalisation (each replicate divided by its own estimated sum)")
-    vals = np.empty(n_boot)
-    totals = np.empty(n_boot)
+    # the redraw in units of 2**s: se of a log-share near -1.8e308 times a normal overflowed
+    big = np.abs(np.concatenate([x[np.isfinite(x)], se]))
+    s = math.frexp(float(big.max()))[1] if big.size and big.max() > _SCALE_LIMIT else 0
+    xs, ses = np.ldexp(x, -s), np.ldexp(se, -s)
+    vals = np.empty((len(ends), n_boot))
+    totals = np.empty((len(ends), n_boot))
     for b in range(n_boot):
         idx = rng.integers(0, n, n) if sample else np.arange(n)
         xb = x[idx]
         if np.any(se > 0):
             with np.errstate(invalid="ignore"):
-                xb = np.minimum(xb + se[idx] * rng.standard_normal(n), 0.0)
+                xb = _unscaled(np.minimum(xs[idx] + ses[idx] * rng.standard_normal(n), 0.0), s)
             xb = np.where(np.isneginf(x[idx]), -np.inf, xb)
-        # replicates on a coarser grid (<= 1024 atoms: a few hundredths of a nat per atom on
-        # real models, far below the sampling spread) and exact only at k = 1: the cost
-        totals[b] = _log_total(xb, V)
-        pb = _median_curve(_normalised(xb, V, norm), ks.size, min(max_support, 1024),
-                           min(exact_limit, n), which=("point",))[0]
-        vals[b] = _fit_rate(ks, -pb)[0]
+        for j, end in enumerate(ends):
+            xe = xb if end is None else np.where(wide[idx], end[idx], xb)
+            # replicates on a coarser grid (<= 1024 atoms: a few hundredths of a nat per atom
+            # on real models, far below the sampling spread) and exact only at k = 1: the cost
+            totals[j, b] = _log_total(xe, V)
+            pb, _, _, _, e = _scaled_curve(_normalised(xe, V, norm), ks.size,
+                                           min(max_support, 1024), min(exact_limit, n),
+                                           which=("point",))
+            vals[j, b] = _fit_rate(ks, -pb, e)[0]
     alpha = 1.0 - float(confidence)
 
     def q(v, p):  # an order statistic, not an interpolation: an infinite rate (proven-empty
         return float(np.quantile(v, p, method="inverted_cdf"))  # cells drawn) stays inf
 
-    ci = (q(vals, alpha / 2), q(vals, 1 - alpha / 2))
-    with np.errstate(invalid="ignore"):  # inf replicates: mean inf, spread nan
-        boot = (float(np.mean(vals)), float(np.std(vals, ddof=1)) if n_boot > 1 else 0.0)
-    return boot, ci, includes, (q(totals, alpha / 2), q(totals, 1 - alpha / 2))
+    ci = (min(q(v, alpha / 2) for v in vals), max(q(v, 1 - alpha / 2) for v in vals))
+    total_ci = (min(q(t, alpha / 2) for t in totals), max(q(t, 1 - alpha / 2) for t in totals))
+    return _mean_std(vals.ravel()), ci, includes, total_ci
+
+
+def _wide_ends(x: np.ndarray, hi, wide: np.ndarray, norm: bool) -> list:
+    """The log-shares with the ``wide`` tokens (a log-share but no lower end: the share lies
+    anywhere in ``[0, exp(hi)]``, ``hi`` 0 when not given) set to the values where lambda takes
+    its extremes over that range: share 0 (``-inf``: the largest lambda), their estimate, their
+    upper end (the smallest lambda without renormalisation, where lambda falls as any share
+    grows) and, renormalised, the sample's mean share capped at the upper end (lambda, about
+    ``-mean log f + log sum f``, is smallest where a share is near the mean share, and grows
+    towards both 0 and 1)."""
+    cap = np.where(wide, hi if hi is not None else 0.0, x)
+    ends = [np.where(wide, -np.inf, x), x, cap]
+    if norm:
+        from scipy.special import logsumexp
+
+        fin = x[np.isfinite(x)]
+        ends.append(np.where(wide, np.minimum(cap, float(logsumexp(fin)) - math.log(fin.size)), x))
+    return ends
+
+
+def _mean_std(vals: np.ndarray) -> tuple[float, float]:
+    """``(mean, std)`` (``ddof=1``; 0 for one value) of bootstrap rates, in units of a power of
+    two where they are near the float range (the squares of rates of 1e300 overflowed);
+    infinite rates (proven-empty cells drawn) give a mean of inf and a spread of nan."""
+    finite = vals[np.isfinite(vals)]
+    big = float(np.max(np.abs(finite))) if finite.size else 0.0
+    e = math.frexp(big)[1] if big > _SCALE_LIMIT else 0
+    v = np.ldexp(vals, -e)
+    with np.errstate(invalid="ignore"):
+        mean, std = np.mean(v), (np.std(v, ddof=1) if v.size > 1 else 0.0)
+    return float(_unscaled(np.float64(mean), e)), float(_unscaled(np.float64(std), e))
 
 
 def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None, log_upper=None,
@@ -643,7 +774,9 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
         ``k = 1..k_max``.
     log_lower, log_upper : array_like of float, shape (n,), optional
         Per-token two-sided ``token_confidence`` interval ends (nats). With them the bootstrap
-        also redraws each token's log-share within its interval.
+        also redraws each token's log-share within its interval. A ``log_lower`` of ``-inf``
+        beside a finite log-share (no lower end: the share may be 0) widens ``rate_ci`` to
+        cover that token anywhere in its interval, possibly to ``inf`` (Notes, *Interval*).
     vocab_size : int, optional
         ``|V|``; default ``n``. When the ``n`` tokens with figures are fewer than ``|V|`` they
         are taken as a uniform sample without replacement of the vocabulary (seeded, independent
@@ -708,6 +841,25 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
     per-token errors as perfectly correlated; the redraw treats them as independent, which they
     are (each token has its own seed).
 
+    *Tokens without a lower end.* A token with a log-share but ``log_lower = -inf`` (its share
+    may be 0) has no spread to redraw from: treating it as exact made ``rate_ci`` as narrow as
+    if it were. Its share may lie anywhere in ``[0, exp(log_upper)]`` (``[0, 1]`` without
+    ``log_upper``), so every replicate is computed with all such tokens at share 0 (``-inf``,
+    the largest lambda: infinite once empty cells reach the median), at their estimate, at their
+    upper end and, with renormalisation, at the sample's mean share below that end (lambda is
+    smallest near it); ``rate_ci`` and ``log_total_ci`` are the envelopes of those percentile
+    intervals and ``rate_bootstrap`` pools their replicates. The cost is 3 (4 renormalised)
+    bootstraps instead of one, only when such tokens exist.
+
+    *Far-apart log-shares.* Log-shares of very different size (one of ``-1e20`` among values of
+    a few nats, or ``-1e300``) keep their digits: the grid of the median curve leaves out the
+    atoms far below the rest (below a gap wider than ``k_max - 1`` times the span above it) for
+    the ``k`` at which fewer than half of the sums of ``k`` shares hold one, as it leaves out
+    empty cells, and counts its nodes down from the largest atom; log-shares beyond ``2**480``
+    nats are divided by a power of two (exactly) for the curve, the fit and the bootstrap, so
+    nothing overflows. A ``log_median`` below ``-1.8e308`` nats (a product that is 0 to any
+    precision) is reported as ``-inf``.
+
     Examples
     --------
     >>> import numpy as np
@@ -735,20 +887,21 @@ def cell_volume_rate_from_logs(log_fractions, k_max: int = 32, *, log_lower=None
         raise ValueError("log_fractions: every cell is empty (-inf): no share to draw")
     ks = np.arange(1, k_max + 1)
     xn = _normalised(x, V, norm)
-    point, low, high, exact_k = _median_curve(xn, k_max, max_support, exact_limit)
-    slope, icpt, r2, s0, r20 = _fit_rate(ks, -point)
-    bracket = (_fit_rate(ks, -high)[0], _fit_rate(ks, -low)[0])
+    point, low, high, exact_k, e = _scaled_curve(xn, k_max, max_support, exact_limit)
+    slope, icpt, r2, s0, r20 = _fit_rate(ks, -point, e)
+    bracket = (_fit_rate(ks, -high, e)[0], _fit_rate(ks, -low, e)[0])
     boot, ci, includes, total_ci = None, None, [], None
     if n_boot > 0:
         boot, ci, includes, total_ci = _log_share_bootstrap(
-            x, lo, unresolved, empty, V, norm, sample, ks, n_boot, confidence, token_confidence,
-            max_support, exact_limit, check_seed(seed))
-    with np.errstate(invalid="ignore"):
-        asym = float(-np.mean(xn))
+            x, lo, hi, unresolved, empty, V, norm, sample, ks, n_boot, confidence,
+            token_confidence, max_support, exact_limit, check_seed(seed))
+    with np.errstate(invalid="ignore"):  # the mean in units of 2**e: a sum of -1e308s overflowed
+        asym = float(-_unscaled(np.mean(np.ldexp(xn, -e)), e))
     return CellVolumeRate(
         estimator="log-shares",
         rate=slope, intercept=icpt, r2=r2, rate_origin=s0, r2_origin=r20, k=ks.astype(np.int64),
-        log_median=point, log_median_low=low, log_median_high=high, rate_bracket=bracket,
+        log_median=_unscaled(point, e), log_median_low=_unscaled(low, e),
+        log_median_high=_unscaled(high, e), rate_bracket=bracket,
         rate_interval=None, rate_bootstrap=boot, rate_asymptotic=asym, log_vocab=math.log(V),
         n_zero=0, zero_fill="none", exact_k=exact_k, vocab_size=int(V), n_tokens_used=int(n),
         token_sample=bool(sample), normalized=bool(norm), log_total=_log_total(x, V),

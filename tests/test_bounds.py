@@ -830,6 +830,20 @@ def test_threshold_monotone_and_large():
     assert t["log_count"] == pytest.approx(2048 * lp - special.gammaln(2049), rel=1e-12)
 
 
+@pytest.mark.parametrize("lp", [1e308, 1e306])
+def test_threshold_overflow_is_refused(lp):
+    # 2048 weight levels times log P = 1e306 nats is beyond float64: a ValueError naming the
+    # arguments, never inf with a RuntimeWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="log_points and n.*overflows"):
+            B.threshold_length_unbounded(lp, 49152)
+        with pytest.raises(ValueError, match="overflows"):
+            B.log_multiset_count(lp, [1, 2048])
+    # one level short of it is still a number: 1e305 * 1 nats
+    assert B.log_multiset_count(1e305, 1) == pytest.approx(1e305, rel=1e-12)
+
+
 # ------------------------------------------------------------------------------------------
 # report section
 # ------------------------------------------------------------------------------------------

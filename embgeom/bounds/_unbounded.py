@@ -34,7 +34,8 @@ def log_multiset_count(log_points, n) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        ``log_points`` negative or NaN; ``n`` negative, not integer or beyond float64.
+        ``log_points`` negative or NaN; ``n`` negative, not integer or beyond float64; a count
+        beyond float64 (``n log P`` above 1.8e308 nats).
 
     Notes
     -----
@@ -49,10 +50,17 @@ def log_multiset_count(log_points, n) -> np.ndarray:
     if np.any(nn < 0):
         raise ValueError(f"n: expected integers >= 0, got min {nn.min()}")
     nf = nn.astype(np.float64)
-    if lp <= 700.0:
-        P = math.exp(lp)
-        return -np.log(nf + P + 1.0) - special.betaln(P + 1.0, nf + 1.0)
-    return nf * lp - special.gammaln(nf + 1.0) + nf * (nf + 1.0) * 0.5 * math.exp(-lp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if lp <= 700.0:
+            P = math.exp(lp)
+            out = -np.log(nf + P + 1.0) - special.betaln(P + 1.0, nf + 1.0)
+        else:
+            out = nf * lp - special.gammaln(nf + 1.0) + nf * (nf + 1.0) * 0.5 * math.exp(-lp)
+    if not np.all(np.isfinite(out)):
+        # the count is finite for finite log P and n; returned as inf it would be a wrong number
+        raise ValueError(f"log_points and n: log C(n + P, n) overflows float64 (above 1.8e308 "
+                         f"nats; got log P = {lp!r} nats and n up to {nf.max():.3g})")
+    return out
 
 
 def threshold_length_unbounded(log_packing, vocab_size, *, weight_bits: int = 11,

@@ -241,17 +241,20 @@ class CellVolumes:
 
     @property
     def log_volumes(self) -> np.ndarray:
-        """``log fraction_t + log vol(S)``: estimated log-volume of ``E_t ∩ S`` in nats.
+        """``log_fractions + log vol(S)``: estimated log-volume of ``E_t ∩ S`` in nats.
 
-        float64 (n_tokens,); ``-inf`` for tokens with no hit (their volume is only bounded above,
-        by ``log upper + log vol(S)``).
+        float64 (n_tokens,), from the best estimate of each token (:attr:`log_fractions`: the
+        rare-event share where ``token_method`` says so, else the count's). ``-inf`` only for
+        cells proven empty; ``nan`` where unresolved, e.g. a token with no uniform hit outside
+        the rare-event sample (its volume is only bounded above, by ``log_upper + log vol(S)``).
         """
-        with np.errstate(divide="ignore"):
-            return np.log(self.fractions) + self.support_log_volume
+        return self.log_fractions + self.support_log_volume
 
     @property
     def n_zero(self) -> int:
-        """Tokens with no hit."""
+        """Tokens with no uniform hit (``counts == 0``). Not the proven-empty cells
+        (``token_method == "empty"``): a tiny cell may have no hit and a finite rare-event
+        share."""
         return int((self.counts == 0).sum())
 
     def top(self, k: int = 20, tokenizer=None) -> list[dict]:
@@ -361,7 +364,7 @@ class CellVolumes:
         ax : matplotlib Axes, optional
             Draw into it; default a new figure.
         path : str or path-like, optional
-            Save the figure as PNG there (its folder is created). A name without a suffix gets
+            Save the figure as PNG there (its folder must exist). A name without a suffix gets
             ``.png`` appended (``path="h"`` writes ``h.png``), as with every plot helper
             (:func:`embgeom.report.figures._figure_path`).
         bins : int, optional
@@ -430,6 +433,11 @@ def _direction_map(decoder: Decoder, G) -> tuple[bool, np.ndarray | None]:
 #: executor, so those change the speed and never the counts. 8192, the earlier default
 #: ``batch_size``, keeps the counts of a default run as they were.
 SAMPLE_BLOCK = 8192
+
+#: The most uniform samples one :func:`cell_volumes` call takes: 2**34 (1.7e10) points, 2**21
+#: blocks. Past it the block list alone would fill the memory (10**30 samples hung, growing
+#: memory); at SmolLM2's size 2**34 points are already about 1,000 CPU-hours.
+MAX_SAMPLES = 2**34
 
 
 def _count_blocks(blocks: tuple, *, decoder: Decoder, support, directions: bool, root,
@@ -528,7 +536,10 @@ def _token_sample(tokens, n_tokens: int, root: np.random.SeedSequence) -> np.nda
         rng = np.random.default_rng(task_seed(root, TOKEN_SAMPLE_KEY))
         return np.sort(rng.choice(n_tokens, size=k, replace=False)).astype(np.int64)
     ids = np.asarray(tokens)
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+    if ids.ndim == 0 or (ids.size and ids.dtype.kind not in "iu"):  # 2.5, True, [0.5, 1.0]
+        raise TypeError("tokens: expected 'auto', None, an int or a non-empty 1-D array of token "
+                        f"ids, got {type(tokens).__name__} {tokens!r}")
+    if ids.ndim != 1 or ids.size == 0:
         raise ValueError("tokens: expected 'auto', None, an int or a non-empty 1-D array of token ids")
     if ids.min() < 0 or ids.max() >= n_tokens:
         raise ValueError(f"tokens: ids must lie in [0, {n_tokens})")
@@ -561,6 +572,10 @@ def _check_cell_volume_args(decoder, support, n_samples, batch_size, confidence,
     if not isinstance(decoder, Decoder):
         raise TypeError(f"decoder: expected an embgeom.cells.Decoder, got {type(decoder).__name__}")
     n_samples = check_positive_int(n_samples, "n_samples")
+    if n_samples > MAX_SAMPLES:
+        raise ValueError(f"n_samples: expected at most 2**34 ({MAX_SAMPLES:.3g}) uniform samples "
+                         f"per call, got {n_samples:.3g}; split the work over calls with "
+                         "different seeds and add the counts")
     batch_size = check_positive_int(batch_size, "batch_size")
     from sklearn.utils.validation import check_is_fitted
 
@@ -730,7 +745,7 @@ def cell_volumes(
         bad seed or counts
         types.
     ValueError
-        ``n_samples <= 0`` or ``n_chains <= 0``, ``target_se`` not a positive number, ``n_jobs``
+        ``n_samples <= 0`` or above ``MAX_SAMPLES`` (2**34), ``n_chains <= 0``, ``target_se`` not a positive number, ``n_jobs``
         0 or given with an Executor instance or Ray, support of another dimension, the support's
         samples of the wrong shape or not finite, an unknown ``method``, ``method="rare-event"``
         with a bias or a support whose cells are not cones through its centre, bad ``tokens``.

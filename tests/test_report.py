@@ -198,6 +198,23 @@ def test_supports_section_conformal_shapes(tmp_path):
         assert c["log_volume"] == pytest.approx(sec[name]["log_volume"] + 4 * math.log(scale))
     assert sec["ball"]["heldout_valid"] is False  # 60 points: the ball misses fresh ones
     assert sec["ball_conformal"]["heldout_contained"] > sec["ball"]["heldout_contained"]
+    # a conformal set the validity rule rejects: the report says why (coverage >= 1 - alpha on
+    # average is not a 95% lower bound >= 0.99), once, naming the sets
+    from embgeom.report._supports import supports_markdown
+
+    sec = supports_report_section(H, tmp_path, shapes=("ball",), heldout=fresh,
+                                  calibration=cal, alpha=0.02)
+    md = supports_markdown(sec, H.shape)
+    if "ball_conformal" in sec["heldout"]["not_valid"]:
+        assert "Why 1 conformal set is marked not valid (ball_conformal)" in md
+    else:
+        assert "conformal set" not in md.split("Conformal calibration")[1].split("\n\n")[1]
+    sec["heldout"]["not_valid"] = ["ball", "ball_conformal"]  # as 4 of 6 in SmolLM2's report
+    md = supports_markdown(sec, H.shape)
+    assert "Why 1 conformal set is marked not valid (ball_conformal)" in md
+    assert "the 95% lower bound on the fresh share to reach 0.99" in md
+    sec["heldout"]["not_valid"] = ["ball"]
+    assert "Why" not in supports_markdown(sec, H.shape)
     # too small a calibration sample for the level: recorded, not raised
     sec = supports_report_section(H, tmp_path, shapes=("ball",), calibration=cal[:50], alpha=0.01)
     assert "at least 99" in sec["ball"]["calibration_error"] and "ball_conformal" not in sec

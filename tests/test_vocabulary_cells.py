@@ -105,6 +105,36 @@ def test_the_report_uses_the_file_of_its_own_model_and_support(tmp_path):
     assert v == {"path": str(part), "complete": False, "n_done": 5}
 
 
+@pytest.mark.filterwarnings("ignore:target_se")
+def test_the_smallest_cells_table_says_what_it_leaves_out(tmp_path):
+    """An empty cell (a duplicate row) has no log-share to rank; the table said nothing of the
+    11 that SmolLM2 has. The all-cells histogram is in the report's figure list."""
+    from embgeom.report._build import _figure_list
+    from embgeom.report._cells import cells_markdown, cells_report_section
+
+    rng = np.random.default_rng(2)
+    W = rng.standard_normal((10, 4)).astype(np.float32)
+    W[9] = W[2]  # token 9 repeats token 2's row: ties go to the lower id, its cell is empty
+    dec = Decoder(W)
+    path = tmp_path / "cells.npz"
+    full = vocabulary_cell_volumes(dec, Ball.from_params(np.zeros(4), 1.0), path, 3000, 2,
+                                   chunk_size=5, n_chains=32, progress=False)
+    n_empty = int(np.isneginf(full.log_fractions).sum())
+    assert np.isneginf(full.log_fractions[9]) and n_empty >= 1
+    section = cells_report_section(dec, Ball.from_params(np.zeros(4), 2.0), 3000, 2,
+                                   tmp_path / "rep", unargmaxable="off", progress=False,
+                                   vocabulary=path)
+    v = section["vocabulary"]
+    assert v["n_empty"] == n_empty and v["n_unresolved"] == 0
+    assert 9 not in [r["token_id"] for r in v["smallest"]]
+    assert len(v["smallest"]) == 10 - n_empty
+    md = cells_markdown(section, "ball_origin")
+    word = "cell" if n_empty == 1 else "cells"
+    assert f"the finite ones only; left out: {n_empty} empty {word} (unargmaxable, share 0)" in md
+    figs = _figure_list({"figure": "h.png"}, {"figures": {"log_volume": "s.png"}}, section, {})
+    assert figs["cell_histogram_all"] == v["histogram"] == "cell_histogram_all.png"
+
+
 def test_a_rescaled_support_keeps_the_shares_and_takes_its_own_volume(tmp_path):
     """The file's shares are those of directions, so a resumed run (or a load) with a rescaled
     ball reads them; its log-volumes are the new ball's: log|B_10| = log|B_1| + 5 log 10 in
@@ -122,7 +152,11 @@ def test_a_rescaled_support_keeps_the_shares_and_takes_its_own_volume(tmp_path):
     np.testing.assert_array_equal(b.log_fractions[:30], a.log_fractions[:30])
     hit = b.counts > 0
     assert hit.sum() > 20
-    np.testing.assert_allclose(b.log_volumes[hit], a.log_volumes[hit] + 5 * math.log(10.0))
+    # log-volumes follow the best estimate (the file's log-shares): the first 30 tokens are
+    # done in both, the rest only in b (nan, unresolved, in a)
+    np.testing.assert_allclose(b.log_volumes[:30], a.log_volumes[:30] + 5 * math.log(10.0))
+    assert np.isnan(a.log_volumes[30:]).all() and np.isfinite(b.log_volumes[30:][hit[30:]]).all()
+    np.testing.assert_allclose(b.log_volumes, b.log_fractions + b.support_log_volume)
     again = load_vocabulary_cell_volumes(path, dec, ball)
     assert again.support_log_volume == pytest.approx(a.support_log_volume)
     with pytest.raises(ValueError, match="pass both"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -122,7 +123,7 @@ def test_seeding_chunks_and_log_volumes():
     lv = a.log_volumes
     hit = a.counts > 0
     np.testing.assert_allclose(lv[hit], np.log(a.fractions[hit]) + box.log_volume)
-    assert np.all(np.isneginf(lv[~hit]))
+    assert np.all(np.isnan(lv[~hit]))  # unresolved, not empty: nan, not -inf
     assert a.support_log_volume == pytest.approx(4 * np.log(3.0))
 
 
@@ -139,6 +140,20 @@ def _rare(dec, seed, tokens=None, n_chains=64, n_samples=512):
 
 def _logs(cv):
     return np.stack([cv.log_fractions, cv.log_lower, cv.log_upper])
+
+
+def test_log_volumes_follow_the_rare_event_shares():
+    # a cell of share 2^-12 gets no hit in 512 uniform points, but a finite rare-event share:
+    # its log-volume is that share times vol(S), not -inf (it was -inf, as if it were empty)
+    dec = _orthant(12)
+    cv = _rare(dec, 3, tokens=[0], n_samples=512)
+    assert cv.counts[0] == 0 and cv.n_zero >= 1
+    assert np.isfinite(cv.log_fractions[0])
+    ball = Ball.from_params(np.zeros(12), 1.0)
+    assert cv.log_volumes[0] == pytest.approx(cv.log_fractions[0] + ball.log_volume, rel=1e-12)
+    assert abs(cv.log_fractions[0] - (-12 * math.log(2.0))) < 1.0
+    est = cv.token_method != "not estimated"
+    np.testing.assert_array_equal(est, np.arange(13) == 0)
 
 
 def test_rare_event_draws_descend_from_the_seed():

@@ -133,7 +133,7 @@ def _measurement(meas: dict, bounds: dict) -> dict:
         else:
             parts.append(f"targets {meas['target_source']}")
     if meas.get("interim"):
-        parts.append("interim (the run goes on)")
+        parts.append("interim (summarised while the run was unfinished; later targets or m may change it)")
     conv = meas.get("converged")
     parts.append("n50 converged in the budget" if conv else
                  "n50 not converged" if conv is False else "no budget sweep")

@@ -404,7 +404,10 @@ def _bounds_phase(loaded, u, model_facts, fitted, geo, sup_section, cells_sectio
 
 def _figure_list(geo, sup, cells, bounds) -> dict:
     figs = {"hidden_norms": geo.get("figure"), "supports_log_volume": sup["figures"]["log_volume"],
-            "cell_volumes": cells["figure"], "cell_histogram": cells.get("histogram")}
+            "cell_volumes": cells["figure"], "cell_histogram": cells.get("histogram"),
+            # every token's histogram, when a complete whole-vocabulary file matched
+            "cell_histogram_all": ((cells.get("vocabulary") or {}).get("histogram")
+                                   if (cells.get("vocabulary") or {}).get("complete") else None)}
     figs.update(bounds.get("figures", {}))
     return {k: v for k, v in figs.items() if v}
 

@@ -227,6 +227,9 @@ def vocabulary_section(paths, decoder: Decoder, support, cv, out: Path, tokenize
             partial = partial or {"path": str(p), "complete": False, "n_done": int(info["n_done"])}
             continue
         fin = np.flatnonzero(np.isfinite(full.log_fractions))
+        # proven empty (-inf) and unresolved (nan) cells have no log-share to rank: counted
+        empty = int(np.isneginf(full.log_fractions).sum())
+        unresolved = int(np.isnan(full.log_fractions).sum())
         order = fin[np.argsort(full.log_fractions[fin], kind="stable")]
         n_small = min(k, order.size)
         picks = np.concatenate([order[:k], order[::-1][:k]])
@@ -242,6 +245,7 @@ def vocabulary_section(paths, decoder: Decoder, support, cv, out: Path, tokenize
                 "lambda_all": float(full.cell_volume_rate().rate),
                 "lambda_sample": float(cv.cell_volume_rate().rate),
                 "smallest": rows[:n_small], "largest": rows[n_small:],
+                "n_empty": empty, "n_unresolved": unresolved,
                 "methods": {str(m): int((full.token_method == m).sum())
                             for m in np.unique(full.token_method)},
                 "histogram": hist.name,
@@ -262,13 +266,26 @@ def vocabulary_markdown(v: dict | None) -> list[str]:
               + ("one run per token" if s["target_se"] is None else f"target_se {s['target_se']}"))
     lines = ["", f"Every cell ({v['n_done']:,} tokens, `{v['path']}`, {budget}): lambda from all "
              f"tokens {fmt(v['lambda_all'])} nats/token, from the sample "
-             f"{fmt(v['lambda_sample'])}.", "", "Smallest and largest cells (log-share, nats):", ""]
+             f"{fmt(v['lambda_sample'])}.", "",
+             "Smallest and largest cells (log-share, nats)" + _left_out(v) + ":", ""]
     lines.append(md_table(["smallest", "log-share", "largest", "log-share"],
                           [[f"{a['token']!r} ({a['token_id']})", fmt(a["log_share"]),
                             f"{b['token']!r} ({b['token_id']})", fmt(b["log_share"])]
                            for a, b in zip(v["smallest"], v["largest"])]))
     lines += ["", f"![every cell, per-token histogram]({v['histogram']})"]
     return lines
+
+
+def _left_out(v: dict) -> str:
+    """What the smallest-cells table leaves out: the empty cells (no share to rank) and the
+    unresolved ones."""
+    parts = []
+    if v.get("n_empty"):
+        parts.append(f"{v['n_empty']:,} empty cell{'s' if v['n_empty'] != 1 else ''} "
+                     "(unargmaxable, share 0)")
+    if v.get("n_unresolved"):
+        parts.append(f"{v['n_unresolved']:,} unresolved")
+    return f", the finite ones only; left out: {', '.join(parts)}" if parts else ""
 
 
 def _equal_cells(section: dict) -> str:

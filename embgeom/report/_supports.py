@@ -252,6 +252,17 @@ def supports_markdown(section: dict, shape, *, heldout_desc: str = "") -> str:
                   f"fresh hidden state drawn like them is inside with probability >= "
                   f"{fmt(1 - cal['alpha'])} (split conformal; Vovk et al. 2005, Angelopoulos and "
                   "Bates 2021)."]
+        ho_ = section.get("heldout") or {}
+        rejected = [k for k in ho_.get("not_valid") or [] if k.endswith(CONFORMAL_SUFFIX)]
+        if rejected and ho_.get("min_share") is not None:
+            lines += ["", f"Why {len(rejected)} conformal set{'s are' if len(rejected) != 1 else ' is'} "
+                      f"marked not valid ({', '.join(rejected)}): calibration gives coverage >= "
+                      f"{fmt(1 - cal['alpha'])} on average over calibration samples, while the "
+                      f"validity rule asks the {100 * ho_['confidence']:g}% lower bound on the fresh "
+                      f"share to reach {fmt(ho_['min_share'])}. A set whose true coverage is near "
+                      f"{fmt(1 - cal['alpha'])} passes that rule only part of the time, so this is "
+                      "the expected outcome at this alpha, not a failed calibration; a smaller "
+                      "alpha (e.g. `fit_support(..., calibrate=0.001)`) makes sets that pass it."]
         errs = [f"{k}: {section[k]['calibration_error']}" for k in support_names(section)
                 if section[k].get("calibration_error")]
         if errs:

@@ -56,10 +56,16 @@ HELPERS = {
 
 @pytest.mark.parametrize("name", sorted(HELPERS))
 def test_returns_the_path_written(name, tmp_path):
+    (tmp_path / "sub").mkdir()
     out = HELPERS[name](tmp_path / "sub" / "noext")
     assert str(out) == str(tmp_path / "sub" / "noext.png")
     assert (tmp_path / "sub" / "noext.png").read_bytes()[:8] == PNG
     assert not (tmp_path / "sub" / "noext").exists()
+    # a folder that does not exist is refused, and none is created (a typo in it made folders
+    # nobody asked for)
+    with pytest.raises(ValueError, match=r"path: the folder .*new.deeper' does not exist"):
+        HELPERS[name](tmp_path / "new" / "deeper" / "f.png")
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("name", sorted(HELPERS))

@@ -546,6 +546,10 @@ def test_histogram_of_rare_event_log_shares(tmp_path):
                       n_chains=64, tokens=[0, 2, 4, 6])
     labels = cs.histogram().get_legend_handles_labels()[1]
     assert labels == ["3 of a 4-token sample of 8; 1 proven empty, not drawn"]
+    # every sampled token drawn: not "3 of a 3-token sample of 8"
+    cs = cell_volumes(dec, Ball.from_params(np.zeros(3), 1.0), 500, seed=0, progress=False,
+                      n_chains=64, tokens=[0, 2, 4])
+    assert cs.histogram().get_legend_handles_labels()[1] == ["a 3-token sample of 8"]
 
 
 def test_a_token_count_above_the_vocabulary_is_every_token():

@@ -21,7 +21,7 @@ def plot_copy_accuracy(evaluation: dict, l_train: int, path, *, cliff=None, inte
     l_train : int
         Largest training length (the shaded range is ``[1, l_train]``).
     path : str or Path
-        Output PNG (its folder is created; ``.png`` is appended to a name without a suffix,
+        Output PNG (its folder must exist; ``.png`` is appended to a name without a suffix,
         :func:`embgeom.report.figures._figure_path`).
     cliff : int, optional
         Drawn as a vertical line, with ``interval`` (lo, hi) as a band.

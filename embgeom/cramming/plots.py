@@ -36,7 +36,7 @@ def plot_accessibility(curves, path) -> str:
     ----------
     curves : mapping {m: AccessibilityCurve or its dict}
     path : str or Path
-        PNG file to write (its folder is created; ``.png`` is appended to a name without a
+        PNG file to write (its folder must exist; ``.png`` is appended to a name without a
         suffix, :func:`embgeom.report.figures._figure_path`).
 
     Returns
@@ -82,7 +82,7 @@ def plot_n50(n50_by_m, fit, path) -> str:
     n50_by_m : mapping {m: dict from :func:`n50`}
     fit : dict from :func:`fit_slope` or None
     path : str or Path
-        PNG file to write (its folder is created; ``.png`` is appended to a name without a
+        PNG file to write (its folder must exist; ``.png`` is appended to a name without a
         suffix, :func:`embgeom.report.figures._figure_path`).
 
     Returns

@@ -56,7 +56,9 @@ def _figure_path(path, name: str = "path") -> Path:
         ``path`` is not a str or path-like object (bytes, a number, a file object).
     ValueError
         ``path`` is empty, ends in a path separator or names an existing directory (matplotlib
-        would write ``<dir>.png`` beside it), or has a suffix matplotlib cannot write.
+        would write ``<dir>.png`` beside it), has a suffix matplotlib cannot write, or lies in
+        a folder that does not exist (a typo in it would otherwise create folders nobody asked
+        for; ``savefig`` would raise ``FileNotFoundError`` after the plot was drawn).
     """
     from matplotlib.backend_bases import FigureCanvasBase
 
@@ -74,6 +76,9 @@ def _figure_path(path, name: str = "path") -> Path:
     out = Path(raw)
     if out.is_dir():
         raise ValueError(f"{name}: expected a file name, got the existing directory {raw!r}")
+    if not out.parent.is_dir():
+        raise ValueError(f"{name}: the folder {str(out.parent)!r} does not exist (create it "
+                         f"first), got {raw!r}")
     if not out.suffix:
         return out.with_name(out.name + ".png")
     formats = FigureCanvasBase.get_supported_filetypes()
@@ -85,9 +90,8 @@ def _figure_path(path, name: str = "path") -> Path:
 
 
 def _write(fig, target: Path, **kwargs) -> Path:
-    """Save ``fig`` at ``target`` (a :func:`_figure_path` result), in the format its suffix
-    names, creating its folder; returns ``target``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Save ``fig`` at ``target`` (a :func:`_figure_path` result, whose folder exists), in the
+    format its suffix names; returns ``target``."""
     fig.savefig(target, format=target.suffix[1:].lower(), **kwargs)
     return target
 
@@ -329,6 +333,7 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
             ax.fill_between(ranks, lo, hi, color="C0", alpha=0.25, lw=0,
                             label="95% interval per cell")
         what = (f"{res_order.size:,} resolved cells" if k == V else
+                f"a {k:,}-token sample, all resolved" if res_order.size == k else
                 f"{res_order.size:,} resolved cells of a {k:,}-token sample")
         ax.plot(ranks, ls[res_order], color="C0", lw=1.4, label=what)
     ax.axhline(-math.log(V), color="k", ls="--", lw=1.0, label=f"1/|V| = {1 / V:.2e} (uniform)")
@@ -388,7 +393,7 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     ax : matplotlib Axes, optional
         Draw into it; default a new :class:`~matplotlib.figure.Figure`.
     path : str or path-like, optional
-        Save the figure as PNG there (its folder is created). The rule of every plot helper
+        Save the figure as PNG there (its folder must exist). The rule of every plot helper
         (:func:`_figure_path`): a name without a suffix gets ``.png`` appended, so
         ``path="h"`` writes ``h.png``.
     bins : int, optional
@@ -435,8 +440,10 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
         hit = rare
         n_empty = int((np.asarray(method) == "empty").sum())
         n_est = int(rare.sum()) + n_empty  # the tokens the estimator was given
-        label = (f"{int(rare.sum()):,} tokens" if n_est == rare.size else
-                 f"{int(rare.sum()):,} of a {n_est:,}-token sample of {rare.size:,}"
+        n_drawn = int(rare.sum())
+        label = (f"{n_drawn:,} tokens" if n_est == rare.size else
+                 f"a {n_est:,}-token sample of {rare.size:,}" if n_drawn == n_est else
+                 f"{n_drawn:,} of a {n_est:,}-token sample of {rare.size:,}"
                  ) + (f"; {n_empty} proven empty, not drawn" if n_empty else "")
         x = cv.log_fractions[rare]
         info = (cv.extra or {}).get("rare_event")

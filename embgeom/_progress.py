@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["progress_enabled", "tqdm_kwargs"]
+import numpy as np
+
+__all__ = ["check_progress", "progress_enabled", "tqdm_kwargs"]
 
 #: seconds between two redraws of a bar (tqdm's default is 0.1)
 MIN_INTERVAL_S = 0.5
+
+
+def check_progress(progress, name: str = "progress") -> bool:
+    """``progress`` as a bool: True or False (numpy's bool too), else a TypeError naming
+    ``name``. A string such as ``"no"`` is truthy and would draw bars, so it is refused."""
+    if not isinstance(progress, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {type(progress).__name__} "
+                        f"{progress!r}")
+    return bool(progress)
 
 
 def progress_enabled(requested: bool = True, stream=None) -> bool:
@@ -39,7 +50,7 @@ def progress_enabled(requested: bool = True, stream=None) -> bool:
     >>> progress_enabled(False)
     False
     """
-    if not requested:
+    if not check_progress(requested):
         return False
     stream = sys.stderr if stream is None else stream
     isatty = getattr(stream, "isatty", None)

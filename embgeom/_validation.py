@@ -283,12 +283,28 @@ def check_seed(seed) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
     _refuse_non_integer_seed(seed)
+    _refuse_negative_seed(seed)
     try:
         return np.random.default_rng(seed)
     except ValueError as exc:
         raise ValueError(f"seed: {exc} (got {seed!r})") from None
     except TypeError as exc:
         raise _seed_error(seed, exc) from None
+
+
+def _refuse_negative_seed(seed) -> None:
+    """A negative int (or an array holding one): the one ValueError of every seed argument."""
+    if isinstance(seed, (numbers.Integral, np.integer)) and not isinstance(seed, bool):
+        if int(seed) < 0:
+            raise ValueError(f"seed: expected integers >= 0, got {seed!r}")
+        return
+    if isinstance(seed, (list, tuple, np.ndarray)):
+        try:
+            vals = [int(v) for v in np.atleast_1d(np.asarray(seed, dtype=object)).ravel()]
+        except (TypeError, ValueError):
+            return  # not integers: numpy's TypeError, reworded by the caller
+        if any(v < 0 for v in vals):
+            raise ValueError(f"seed: expected integers >= 0, got {seed!r}")
 
 
 def _refuse_non_integer_seed(seed) -> None:
@@ -353,9 +369,13 @@ def seed_sequence(seed, *keys: int) -> np.random.SeedSequence:
     try:
         entropy = [int(v) for v in np.atleast_1d(np.asarray(seed)).tolist()]
         if any(v < 0 for v in entropy):
-            raise ValueError("expected integers >= 0")
+            raise ValueError(f"seed: expected integers >= 0, got {seed!r}")
         return np.random.SeedSequence(entropy + list(keys))  # == SeedSequence(s) for an int
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
+        if str(exc).startswith("seed: "):
+            raise
+        raise ValueError(f"seed: {exc} (got {seed!r})") from None
+    except TypeError as exc:
         raise ValueError(f"seed: {exc} (got {seed!r})") from None
 
 

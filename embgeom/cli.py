@@ -469,6 +469,10 @@ def _cram_kwargs(args) -> dict:
     """The :func:`run_cram` arguments: the defaults or the ``--protocol`` preset, then every
     option given on the command line."""
     given = {k: getattr(args, k) for k in _CRAM_DEFAULTS if getattr(args, k) is not None}
+    if args.adaptive and args.lengths is None and args.protocol is None:
+        # without --lengths the search is adaptive already: the flag would change nothing
+        raise UsageError("--adaptive: needs --lengths (the coarse grid of the adaptive search); "
+                         "without --lengths the search is adaptive already")
     if args.protocol is None:
         d = {**_CRAM_DEFAULTS, **given}
         return dict(mems=d["mem"], lengths=args.lengths, n_targets=d["n_targets"],

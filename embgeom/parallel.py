@@ -46,6 +46,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ._progress import check_progress
 from ._validation import check_positive, check_positive_int
 
 __all__ = [
@@ -74,7 +75,7 @@ def _as_root_seed(seed) -> np.random.SeedSequence:
         return seed
     if isinstance(seed, (numbers.Integral, np.integer)) and not isinstance(seed, bool):
         if int(seed) < 0:
-            raise ValueError(f"seed: expected a non-negative integer, got {seed}")
+            raise ValueError(f"seed: expected integers >= 0, got {seed!r}")
         return np.random.SeedSequence(int(seed))
     raise TypeError(f"seed: expected a non-negative int or a numpy SeedSequence, got {type(seed).__name__}")
 
@@ -514,6 +515,7 @@ class LocalExecutor(Executor):
         from tqdm.auto import tqdm
 
         shared, kwargs, seeds = _check_map_arguments(fn, tasks, shared, kwargs, seed)
+        progress = check_progress(progress)
         names, values = tuple(shared), tuple(shared.values())
         sink = _InOrder(tasks, on_result)
         workers = min(self.n_workers, len(tasks))
@@ -684,6 +686,7 @@ class RayExecutor(Executor):
         from tqdm.auto import tqdm
 
         shared, kwargs, seeds = _check_map_arguments(fn, tasks, shared, kwargs, seed)
+        progress = check_progress(progress)
         cpus = self.num_cpus if num_cpus is None else check_positive(num_cpus, "num_cpus")
         gpus = self.num_gpus if num_gpus is None else check_positive(num_gpus, "num_gpus", allow_zero=True)
         if not tasks:
@@ -853,10 +856,13 @@ def add_executor_arguments(parser, *, n_jobs: int = -1, device_option: str | Non
     group = parser.add_argument_group("execution")
     group.add_argument("--executor", choices=_EXECUTOR_NAMES, default="local",
                        help="run the loops over tokens/samples/targets here (local) or on a Ray cluster")
-    group.add_argument("--n-jobs", type=int, default=n_jobs,
+    # default None, so that --n-jobs given with --executor ray can be refused; the command's
+    # default is kept beside it for executor_from_args
+    group.add_argument("--n-jobs", type=int, default=None,
                        help="local worker processes for the loops over tokens, samples or targets "
                             "(-1: every CPU; 1: one after the other in this process); the results are "
-                            "the same for every value")
+                            f"the same for every value (default {n_jobs}; only with --executor local)")
+    parser.set_defaults(n_jobs_default=n_jobs)
     group.add_argument("--ray-address", default=None,
                        help="Ray cluster address (e.g. auto, HOST:6379, ray://HOST:10001); default "
                             "RAY_ADDRESS, else a new local cluster")
@@ -884,7 +890,8 @@ def executor_from_args(args, *, device: str | None = None) -> Executor:
     Raises
     ------
     ValueError
-        ``--ray-address`` or resource flags given with ``--executor local``; ``--n-jobs 0``.
+        ``--ray-address`` or resource flags given with ``--executor local``; ``--n-jobs 0``;
+        ``--n-jobs`` given with ``--executor ray`` (Ray sizes its tasks with ``--ray-num-cpus``).
     """
     gpus = args.ray_num_gpus
     if gpus is None:
@@ -893,8 +900,13 @@ def executor_from_args(args, *, device: str | None = None) -> Executor:
         if args.ray_address is not None or args.ray_num_cpus != 1.0 or gpus != 0.0:
             raise ValueError("--ray-address, --ray-num-cpus, --ray-num-gpus: only with --executor ray")
         n_jobs = getattr(args, "n_jobs", None)
+        if n_jobs is None:
+            n_jobs = getattr(args, "n_jobs_default", None)
         if n_jobs == 0:
             raise ValueError("--n-jobs: expected a non-zero int (-1 for every CPU), got 0")
         return LocalExecutor(n_jobs)
+    if getattr(args, "n_jobs", None) is not None:
+        raise ValueError("--n-jobs: only with --executor local (Ray sizes its tasks with "
+                         "--ray-num-cpus)")
     return RayExecutor(args.ray_address, num_cpus=args.ray_num_cpus, num_gpus=gpus)
 

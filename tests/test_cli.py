@@ -170,6 +170,8 @@ def test_cram_disk_errors_during_the_run_are_one_line(capsys, tmp_path, monkeypa
     (["--protocol", "kuratov"], "protocol"),
     (["--protocol", "paper", "--model", "pythia-160m"], "model"),
     (["--protocol", "paper", "--adaptive"], "adaptive"),
+    (["--adaptive"], "--adaptive: needs --lengths"),  # it changed nothing without them
+    (["--executor", "ray", "--n-jobs", "2"], "--n-jobs: only with --executor local"),
     (["--protocol", "paper", "--mem", "7"], "--mem"),
 ])
 def test_cram_bad_new_options(capsys, tmp_path, argv, word):
@@ -662,6 +664,28 @@ def test_multi_line_messages_become_one_line(capsys, monkeypatch, tmp_path):
 def test_ray_resources_name_their_flag(capsys, tmp_path, argv, head):
     code, err = _run(capsys, ["cram", "--out", str(tmp_path / "c"), *argv])
     assert code == 2 and err.strip().startswith(f"embgeom cram: error: {head}"), err
+
+
+@pytest.mark.parametrize("command", ["report", "cram"])
+def test_n_jobs_with_ray_is_refused(capsys, tmp_path, command):
+    """`--executor ray --n-jobs 2` ran on Ray and dropped --n-jobs without a word."""
+    code, err = _run(capsys, [command, "--out", str(tmp_path / "c"), "--executor", "ray",
+                              "--n-jobs", "2"])
+    assert code == 2 and err.strip().startswith(
+        f"embgeom {command}: error: --n-jobs: only with --executor local"), err
+    assert not (tmp_path / "c").exists()
+
+
+def test_n_jobs_default_is_the_commands():
+    from embgeom.cli import build_parser
+    from embgeom.parallel import LocalExecutor, executor_from_args
+
+    parser = build_parser()
+    rep = executor_from_args(parser.parse_args(["report"]))
+    cram = executor_from_args(parser.parse_args(["cram", "--out", "x"]))
+    assert isinstance(rep, LocalExecutor) and rep.n_jobs == -1
+    assert isinstance(cram, LocalExecutor) and cram.n_jobs == 1
+    assert executor_from_args(parser.parse_args(["report", "--n-jobs", "2"])).n_jobs == 2
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -567,3 +567,110 @@ def test_fit_support_names_an_unknown_option(shape, cls, options):
                                         rf"shape='{shape}' \({cls}\); its further options are "
                                         rf"{re.escape(options)}"):
         embgeom.fit_support(H, shape, bogus=1)
+
+
+# ------------------------------------------------------------------------------------------
+# Session 2026-12-07's new-user pass: sizes beyond what an array holds, flags of the wrong
+# type, integer parameters, and one error kind per argument kind
+# ------------------------------------------------------------------------------------------
+def _unit_decoder():
+    from embgeom.cells import Decoder
+
+    return Decoder(np.eye(3, dtype=np.float32))
+
+
+def test_sizes_beyond_an_array_are_refused_before_any_work():
+    from embgeom.supports import Ball
+    from embgeom.volumes import MAX_SAMPLES, cell_volumes
+
+    ball = Ball.from_params(None, 1.0, dim=3)
+    # 10**30 samples hung, growing memory while it listed the blocks
+    with pytest.raises(ValueError, match=r"n_samples: expected at most 2\*\*34"):
+        cell_volumes(_unit_decoder(), ball, 10**30, progress=False)
+    with pytest.raises(ValueError, match="n_samples"):
+        cell_volumes(_unit_decoder(), ball, MAX_SAMPLES + 1, progress=False)
+    # numpy's "Maximum allowed dimension exceeded" leaked from sample
+    for n in (10**30, 2**62):
+        with pytest.raises(ValueError, match=r"n: expected fewer than .* points"):
+            ball.sample(n, seed=0)
+    assert ball.sample(5, seed=0).shape == (5, 3)
+
+
+def test_progress_must_be_a_bool():
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    ball = Ball.from_params(None, 1.0, dim=3)
+    for bad in ("no", 0, None):  # "no" is truthy: it drew bars
+        with pytest.raises(TypeError, match="progress: expected True or False"):
+            cell_volumes(_unit_decoder(), ball, 100, progress=bad)
+    assert cell_volumes(_unit_decoder(), ball, 100, progress=np.False_).counts.sum() == 100
+
+
+def test_from_params_takes_integer_parameters_as_fit_does():
+    from embgeom.supports import Ball, Box, Cone, Ellipsoid, FinalNormShell
+
+    assert Ball.from_params([0, 0], 1).log_volume == pytest.approx(np.log(np.pi))
+    box = Box.from_params([0, 0], [1, 2], rotation=np.eye(2, dtype=int))
+    assert box.log_volume == pytest.approx(np.log(2.0))
+    e = Ellipsoid.from_params([0, 0], semi_axes=[1, 2])
+    assert e.log_volume == pytest.approx(np.log(2 * np.pi))
+    # shape_matrix A: (x - c)^T A (x - c) <= 1, semi-axes 1 and 1/2
+    assert Ellipsoid.from_params([0, 0], np.diag([1, 4])).log_volume == pytest.approx(
+        np.log(np.pi / 2))
+    assert Cone.from_params([1, 0], 0.5, 2.0).dim == 2
+    assert FinalNormShell.from_params("rmsnorm", [1, 2]).dim == 2
+    with pytest.raises(TypeError, match="center"):  # booleans stay refused
+        Ball.from_params([True, False], 1.0)
+
+
+def test_one_error_kind_per_argument_kind():
+    from embgeom import bounds as B
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    ball = Ball.from_params(None, 1.0, dim=3)
+    # a value of the wrong type is a TypeError, as n_samples=2.5 always was
+    with pytest.raises(TypeError, match="dtype_or_bits"):
+        B.precision_eps(1.0, 2.5)
+    assert B.precision_eps(1.0, 24) == B.precision_eps(1.0, "float32") == 2.0**-24
+    for bad in (2.5, True, [0.5, 1.0]):
+        with pytest.raises(TypeError, match="tokens"):
+            cell_volumes(_unit_decoder(), ball, 100, tokens=bad, progress=False)
+    with pytest.raises(ValueError, match="tokens"):  # a right type, a wrong value
+        cell_volumes(_unit_decoder(), ball, 100, tokens=[], progress=False)
+    # an id where ids are asked for: say so (it said "expected an array with ndim in (1,)")
+    with pytest.raises(TypeError, match=r"tokens: expected a 1-D array of token ids \(e.g. \[3\]"):
+        _unit_decoder().unargmaxable(tokens=3)
+    # one message for a negative seed, whichever seeding helper reads it
+    from embgeom.parallel import task_seed
+
+    for call in (lambda: ball.sample(3, seed=-1),
+                 lambda: cell_volumes(_unit_decoder(), ball, 10, seed=-1, progress=False),
+                 lambda: cell_volumes(_unit_decoder(), ball, 10, seed=[1, -1], progress=False),
+                 lambda: task_seed(-1, 0)):
+        with pytest.raises(ValueError, match=r"^seed: expected integers >= 0, got "):
+            call()
+
+
+def test_calibration_fraction_says_its_interval_once():
+    from embgeom.supports import fit_support
+
+    H = np.random.default_rng(0).standard_normal((40, 2))
+    for f in (1.0, 0.0, 1.5):
+        with pytest.raises(ValueError, match=r"calibration_fraction: expected a number in \(0, 1\),"):
+            fit_support(H, "ball", calibrate=0.2, calibration_fraction=f)
+
+
+def test_figures_do_not_create_folders(tmp_path):
+    from embgeom.supports import Ball
+    from embgeom.volumes import cell_volumes
+
+    cv = cell_volumes(_unit_decoder(), Ball.from_params(None, 1.0, dim=3), 300, seed=0,
+                      progress=False)
+    missing = tmp_path / "no" / "such" / "h.png"
+    with pytest.raises(ValueError, match="path: the folder .* does not exist"):
+        cv.histogram(path=missing)
+    assert not (tmp_path / "no").exists()
+    cv.histogram(path=tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 0

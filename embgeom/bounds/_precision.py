@@ -32,6 +32,10 @@ def _format_bits(dtype_or_bits) -> int:
         raise TypeError("dtype_or_bits: expected a dtype, a format name or an int of bits, got None")
     if isinstance(dtype_or_bits, bool):
         raise TypeError("dtype_or_bits: expected a dtype, a format name or an int of bits, got bool")
+    if isinstance(dtype_or_bits, (numbers.Real, np.floating)) and not isinstance(
+            dtype_or_bits, (numbers.Integral, np.integer)):  # 2.5 or 24.0: no format, no bits
+        raise TypeError("dtype_or_bits: expected a dtype, a format name or an int of bits, got "
+                        f"{type(dtype_or_bits).__name__} {dtype_or_bits!r}")
     if isinstance(dtype_or_bits, (numbers.Integral, np.integer)):
         bits = check_positive_int(dtype_or_bits, "dtype_or_bits")
         if bits > MAX_BITS:

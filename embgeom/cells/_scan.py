@@ -327,6 +327,9 @@ def select_tokens(setup: ScanSetup, tokens=None) -> tuple[np.ndarray, np.ndarray
     if tokens is None:
         want = np.arange(V, dtype=np.int64)
     else:
+        if np.ndim(tokens) == 0:  # one id, or a count (as cell_volumes' tokens=3 would be)
+            raise TypeError(f"tokens: expected a 1-D array of token ids (e.g. [{tokens!r}] for "
+                            f"one token), got {type(tokens).__name__} {tokens!r}")
         # the one integer-array rule (an empty list is "empty", not "not integers")
         want = np.unique(check_int_array(tokens, "tokens", ndim=1, low=0, high=V))
     rep = setup.rep

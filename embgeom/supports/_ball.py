@@ -12,6 +12,7 @@ from ._base import (
     _CENTERINGS,
     _SOLVERS,
     Support,
+    as_real_points,
     check_choice,
     check_scale_factor,
     cvxpy_solve,
@@ -218,7 +219,7 @@ class Ball(Support):
                 raise ValueError("Ball.from_params(None, r) needs dim=d for the origin-centred ball")
             c = np.zeros(check_positive_int(dim, "dim"))
         else:
-            c = check_array(center, "center", ndim=1)
+            c = check_array(as_real_points(center, "center"), "center", ndim=1)
             if dim is not None and check_positive_int(dim, "dim") != c.shape[0]:
                 raise ValueError(f"dim={dim} does not match center of shape {c.shape}")
         ball = cls()

@@ -631,7 +631,15 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
 
     def _check_sample_args(self, n):
         self._check_fitted()
-        return check_positive_int(n, "n")
+        n = check_positive_int(n, "n")
+        # an (n, d) array numpy cannot index (10**30 points) would leak numpy's "Maximum
+        # allowed dimension exceeded"; a merely too large one is numpy's MemoryError, which
+        # names its size
+        if n * max(int(self.dim), 1) * 8 >= 2**63:
+            raise ValueError(f"n: expected fewer than {2**60 // max(int(self.dim), 1):.3g} points "
+                             f"(an (n, {self.dim}) float64 array of at most 2**63 bytes), got "
+                             f"{n:.3g}")
+        return n
 
     # -- what the rest of embgeom asks ------------------------------------------------------
     @abc.abstractmethod

@@ -12,6 +12,7 @@ from .._validation import check_array, check_positive, check_probability, check_
 from ._base import (
     BoxRegion,
     Support,
+    as_real_points,
     check_scale_factor,
     normalise,
     refuse_degenerate,
@@ -26,7 +27,7 @@ __all__ = ["Box"]
 
 
 def _check_rotation(rotation, d):
-    R = check_array(rotation, "rotation", ndim=2, shape=(d, d))
+    R = check_array(as_real_points(rotation, "rotation"), "rotation", ndim=2, shape=(d, d))
     if not np.allclose(R @ R.T, np.eye(d), atol=1e-8):
         raise ValueError("rotation: rows must be orthonormal (R R^T = I)")
     return R
@@ -136,8 +137,8 @@ class Box(Support):
             ``upper <= lower`` somewhere, shapes that differ, a rotation that is a string or
             not orthonormal, NaN/inf.
         """
-        lo = check_array(lower, "lower", ndim=1)
-        hi = check_array(upper, "upper", ndim=1, shape=(lo.shape[0],))
+        lo = check_array(as_real_points(lower, "lower"), "lower", ndim=1)
+        hi = check_array(as_real_points(upper, "upper"), "upper", ndim=1, shape=(lo.shape[0],))
         if not np.all(hi > lo):
             bad = np.flatnonzero(~(hi > lo))
             raise ValueError(f"upper must exceed lower in every coordinate; fails at {bad[:10].tolist()}")

@@ -14,6 +14,7 @@ from ._ball import meb_fast
 from ._base import (
     _SOLVERS,
     Support,
+    as_real_points,
     check_choice,
     check_scale_factor,
     cvxpy_solve,
@@ -202,7 +203,7 @@ class Cone(Support):
             A zero axis, a half-angle outside ``[64 eps, pi]`` (``64 eps = 1.4e-14`` rad: finer
             angles are rounding), ``radius <= 0``, NaN/inf.
         """
-        ax = check_array(axis, "axis", ndim=1)
+        ax = check_array(as_real_points(axis, "axis"), "axis", ndim=1)
         nrm = vector_norm(ax)
         if not nrm > 0:
             raise ValueError("axis: expected a non-zero vector")

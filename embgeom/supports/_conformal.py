@@ -178,9 +178,7 @@ def split_for_calibration(n: int, calibration_fraction, seed) -> tuple[np.ndarra
     ValueError
         ``calibration_fraction`` outside (0, 1), ``n < 4``.
     """
-    f = check_probability(calibration_fraction, "calibration_fraction")
-    if not 0.0 < f < 1.0:
-        raise ValueError(f"calibration_fraction: expected a share in (0, 1), got {f}")
+    f = check_probability(calibration_fraction, "calibration_fraction", open_right=True)
     if n < 4:
         raise ValueError(f"H: split-conformal calibration needs at least 4 points, got {n}")
     n_cal = min(max(int(round(f * n)), 2), n - 2)

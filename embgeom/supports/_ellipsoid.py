@@ -13,6 +13,7 @@ from .._validation import check_array, check_positive, check_positive_int, check
 from ._base import (
     _SOLVERS,
     Support,
+    as_real_points,
     affine_hull,
     check_choice,
     check_scale_factor,
@@ -163,7 +164,7 @@ class Ellipsoid(Support):
             not orthonormal, both or neither of ``shape_matrix`` and ``semi_axes``, shapes that
             do not match, NaN/inf.
         """
-        c = check_array(center, "center", ndim=1)
+        c = check_array(as_real_points(center, "center"), "center", ndim=1)
         d = c.shape[0]
         ell = cls()
         if (shape_matrix is None) == (semi_axes is None):
@@ -171,16 +172,16 @@ class Ellipsoid(Support):
         if shape_matrix is not None:
             if axes is not None:
                 raise ValueError("axes: only with semi_axes (shape_matrix already holds the axes)")
-            A = check_array(shape_matrix, "shape_matrix", ndim=2, shape=(d, d))
+            A = check_array(as_real_points(shape_matrix, "shape_matrix"), "shape_matrix", ndim=2, shape=(d, d))
             ell._set(c, A, eps=0.0, n_iter=0, ridge=None, rank=d)
         else:
-            s = check_array(semi_axes, "semi_axes", ndim=1, shape=(d,))
+            s = check_array(as_real_points(semi_axes, "semi_axes"), "semi_axes", ndim=1, shape=(d,))
             if not np.all(s > 0):
                 raise ValueError(f"semi_axes: expected positive lengths, got min {float(s.min())}")
             if axes is None:
                 R = np.eye(d)
             else:
-                R = check_array(axes, "axes", ndim=2, shape=(d, d))
+                R = check_array(as_real_points(axes, "axes"), "axes", ndim=2, shape=(d, d))
                 if not np.allclose(R @ R.T, np.eye(d), atol=1e-8):
                     raise ValueError("axes: rows must be orthonormal (R R^T = I)")
             order = np.argsort(s, kind="stable")[::-1]

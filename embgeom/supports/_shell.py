@@ -8,7 +8,7 @@ import numpy as np
 
 from .._special import _log_kappa, log1p_ratio, log_sphere_area, log_unit_ball_volume
 from .._validation import check_array, check_positive, check_seed
-from ._base import CONTAINS_TOL, Support, check_scale_factor, scale_lengths
+from ._base import CONTAINS_TOL, Support, as_real_points, check_scale_factor, scale_lengths
 from ._ellipsoid import Ellipsoid
 from ._volumetric import (
     circumball_terms,
@@ -128,7 +128,7 @@ class FinalNormShell(Support):
         """Validate the parameters and set the fitted attributes; returns ``d``."""
         if self.kind not in ("rmsnorm", "layernorm"):
             raise ValueError(f"kind: expected 'rmsnorm' or 'layernorm', got {self.kind!r}")
-        g = np.ones(d) if self.gain is None else check_array(self.gain, "gain", ndim=1)
+        g = np.ones(d) if self.gain is None else check_array(as_real_points(self.gain, "gain"), "gain", ndim=1)
         if d is not None and g.shape[0] != d:
             raise ValueError(f"gain: has {g.shape[0]} entries, X has {d} features")
         zero = np.flatnonzero(g == 0)
@@ -140,7 +140,7 @@ class FinalNormShell(Support):
             )
         self.kind_ = self.kind
         self.gain_ = g
-        self.bias_ = None if self.bias is None else check_array(self.bias, "bias", ndim=1, shape=(g.shape[0],))
+        self.bias_ = None if self.bias is None else check_array(as_real_points(self.bias, "bias"), "bias", ndim=1, shape=(g.shape[0],))
         self.eps_ = check_positive(self.eps, "eps", allow_zero=True)
         self.radius_ = math.sqrt(g.shape[0])
         self._log_area = None

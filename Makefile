@@ -41,8 +41,12 @@ JOB     ?= smollm2-tokens
 capacity: gemma
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/capacity.py $(JOB) $(ARGS)
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), one test file per worker at a time
+# (--dist loadfile keeps a file's fixtures, such as its Ray cluster, in one process);
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: venv
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the documentation site into site/ (API pages from the docstrings); also built by `make test`
 docs: venv

@@ -16,6 +16,7 @@ path-like object is a TypeError naming ``path``.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -103,6 +104,99 @@ def _save(fig, path) -> str:
     return str(_write(fig, path, dpi=_DPI))
 
 
+# ---------------------------------------------------------------- the helpers' input checks
+#
+# One rule for every figure helper: a wrong type is a TypeError, a wrong value a ValueError,
+# and both name the argument (down to the key or index: ``rows[1]['valid']``) and what was
+# expected, before anything is drawn.
+
+#: Largest ``m_max`` :func:`plot_linear_law` draws (a million prompt vectors, far beyond any
+#: context window); ``10**9`` used to build ``m_max``-point lines and ran out of memory.
+_MAX_M = 10**6
+
+#: Points of each line of :func:`plot_linear_law` beyond which ``m`` is an even grid from 1 to
+#: ``m_max`` rather than every integer (the lines are smooth; the picture is the same).
+_LAW_POINTS = 1000
+
+#: Largest ``vocab_size`` :func:`plot_cell_shares` takes: no tokenizer has a billion tokens, and
+#: a vocabulary beyond float64's exact integers would draw wrong ranks (``10**30`` failed inside
+#: matplotlib, ``10**400`` overflowed).
+_MAX_VOCAB = 10**9
+
+#: Largest number of lower panels (``m_values``) :func:`plot_accessible_fraction` draws.
+_MAX_PANELS = 64
+
+#: Largest magnitude (nats) :func:`plot_support_volumes` puts on its axis as it is; beyond it
+#: (up to float64's ``1.8e308``) matplotlib's transforms overflow, and the log-volumes are
+#: drawn in units of a power of ten nats instead (the axis label says which).
+_MAX_AXIS_NATS = 1e100
+
+
+def _is_bool(x) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
+def _check_real(x, name: str, *, finite: bool = True, error=TypeError) -> float:
+    """``x`` as a float: a real number (Python or numpy int or float), never a bool or a
+    string (``"1.0"`` is refused, not parsed); with ``finite``, NaN and +-inf are a
+    ValueError. ``error`` is the class raised for a wrong type. Every message names ``name``."""
+    if _is_bool(x) or not isinstance(x, (numbers.Real, np.integer, np.floating)):
+        raise error(f"{name}: expected a real number, got {type(x).__name__} {x!r}")
+    try:
+        v = float(x)
+    except OverflowError:  # an int beyond float64 (10**400)
+        raise ValueError(f"{name}: expected a finite number, got an integer of "
+                         f"{len(str(abs(int(x))))} digits (beyond float64)") from None
+    if finite and not math.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {v!r}")
+    return v
+
+
+def _check_bool(x, name: str, *, optional: bool = False):
+    """``x`` as a bool: ``True``/``False`` or a numpy bool (``None`` too with ``optional``); a
+    string (``"no"`` is truthy), a number or anything else is a TypeError naming ``name``."""
+    if optional and x is None:
+        return None
+    if not _is_bool(x):
+        raise TypeError(f"{name}: expected a bool (True or False{', or None' if optional else ''})"
+                        f", got {type(x).__name__} {x!r}")
+    return bool(x)
+
+
+def _check_mapping(x, name: str, what: str) -> Mapping:
+    """``x`` if it is a mapping (a dict), else a TypeError naming ``name`` and ``what``."""
+    if not isinstance(x, Mapping):
+        raise TypeError(f"{name}: expected {what}, got {type(x).__name__} {x!r}"[:300])
+    return x
+
+
+def _check_keys(row: Mapping, keys, name: str) -> None:
+    """ValueError naming ``name`` and the keys of ``keys`` missing from ``row``."""
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise ValueError(f"{name}: expected keys {', '.join(keys[:-1])} and {keys[-1]}, "
+                         f"missing {', '.join(missing)} (got {dict(row)!r})"[:400])
+
+
+def _int_text(v: int) -> str:
+    """An integer for a message: ``1e+30``, or its digit count past float64 (``10**400``)."""
+    return f"{v:.3g}" if abs(v) < 10**300 else f"an integer of {len(str(abs(v)))} digits"
+
+
+def _check_int_sequence(x, name: str, *, maximum_length: int | None = None) -> list[int]:
+    """``x`` as a list of ints >= 1: a sequence (list, tuple, range, array), never a scalar, a
+    string or a dict; TypeError/ValueError naming ``name`` (or ``name[i]`` for an element)."""
+    if (isinstance(x, (str, bytes, Mapping)) or not hasattr(x, "__iter__")
+            or getattr(x, "ndim", 1) != 1):
+        raise TypeError(f"{name}: expected a sequence of integers >= 1 (a list or tuple), got "
+                        f"{type(x).__name__} {x!r}"[:300])
+    out = [check_positive_int(v, f"{name}[{i}]") for i, v in enumerate(x)]
+    if maximum_length is not None and len(out) > maximum_length:
+        raise ValueError(f"{name}: expected at most {maximum_length} values (one panel each), "
+                         f"got {len(out)}")
+    return out
+
+
 def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = None) -> str | None:
     """Max/mean L2 and max L-infinity norm of the hidden states against prompt length.
 
@@ -114,7 +208,7 @@ def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = N
         PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     certified_radius : float, optional
         The L2 radius the final norm certifies (``sqrt(d) max|g_i|``, plus ``|b|`` with a bias),
-        drawn as a horizontal line.
+        drawn as a horizontal line; a finite number > 0 (``None``: no line).
 
     Returns
     -------
@@ -123,11 +217,20 @@ def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = N
 
     Raises
     ------
-    TypeError, ValueError
-        A ``path`` the plot helpers refuse (:func:`_figure_path`), even when nothing is drawn.
+    TypeError
+        ``summary`` not a dict; its ``per_length`` not a list of dicts; a length or norm that
+        is not a real number (a string, a bool); ``certified_radius`` not a real number.
+    ValueError
+        A ``per_length`` row without ``length``, ``r2_max``, ``r2_mean`` or ``rinf_max``; a
+        length that is not finite and > 0 (the x axis is logarithmic) or a norm that is not
+        finite and >= 0; a ``certified_radius`` that is not finite and > 0. Each names the
+        argument (``summary['per_length'][2]['r2_max']``). TypeError and ValueError: a ``path``
+        the plot helpers refuse (:func:`_figure_path`), even when nothing is drawn.
     """
     target = _figure_path(path)
-    rows = summary.get("per_length") or []
+    rows = _norm_rows(summary)
+    if certified_radius is not None:
+        certified_radius = check_positive(certified_radius, "certified_radius")
     if not rows:
         return None
     L = [r["length"] for r in rows]
@@ -136,7 +239,7 @@ def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = N
     ax.plot(L, [r["r2_max"] for r in rows], "o-", label="max L2 norm")
     ax.plot(L, [r["r2_mean"] for r in rows], "s--", label="mean L2 norm")
     ax.plot(L, [r["rinf_max"] for r in rows], "^-", label="max L-inf norm")
-    if certified_radius is not None and math.isfinite(certified_radius):
+    if certified_radius is not None:
         ax.axhline(certified_radius, color="k", lw=1.2, ls=":",
                    label=f"final norm certifies L2 <= {certified_radius:.4g}")
     ax.set_xscale("log", base=2)
@@ -149,12 +252,39 @@ def plot_hidden_norms(summary: dict, path, *, certified_radius: float | None = N
     return _save(fig, target)
 
 
+_NORM_KEYS = ("length", "r2_max", "r2_mean", "rinf_max")
+
+
+def _norm_rows(summary) -> list[dict]:
+    """``summary["per_length"]`` as a list of ``{length, r2_max, r2_mean, rinf_max}`` floats
+    (an empty list when there is none); errors name ``summary`` and the row and key."""
+    _check_mapping(summary, "summary", "the dict of embgeom.report.hidden_state_summary "
+                                       "(with per_length)")
+    rows = summary.get("per_length")
+    if rows is None:
+        return []
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, (list, tuple)):
+        raise TypeError(f"summary['per_length']: expected a list of dicts with "
+                        f"{', '.join(_NORM_KEYS)}, got {type(rows).__name__}")
+    out = []
+    for i, r in enumerate(rows):
+        name = f"summary['per_length'][{i}]"
+        _check_mapping(r, name, f"a dict with {', '.join(_NORM_KEYS)}")
+        _check_keys(r, _NORM_KEYS, name)
+        out.append({k: check_positive(r[k], f"{name}[{k!r}]", allow_zero=k != "length")
+                    for k in _NORM_KEYS})
+    return out
+
+
 def plot_support_volumes(rows: list[dict], path) -> str:
     """Bar chart of log-volumes of every support the bounds table uses.
 
     A support whose log-volume is not finite (``-inf`` for a degenerate support, ``inf`` or
     NaN) has no bar: its value is written at the axis' left edge with "not finite", and it is
-    left out of the axis limits, which the finite log-volumes set.
+    left out of the axis limits, which the finite log-volumes set. Every finite log-volume is
+    drawn, up to float64's largest (``+-1.8e308``): when one exceeds ``1e100`` nats in
+    magnitude (beyond it matplotlib's transforms overflow) the axis is in units of ``10**k``
+    nats, which its label names, and the values written beside the bars stay in nats.
 
     Parameters
     ----------
@@ -173,50 +303,60 @@ def plot_support_volumes(rows: list[dict], path) -> str:
     ------
     ValueError
         No rows; a row without ``name``, ``log_volume`` or ``valid``, or whose ``log_volume``
-        is not a real number (both name ``rows`` and the row).
+        is not a real number (a string such as ``"1.0"`` and a bool included; both name
+        ``rows`` and the row).
     TypeError
-        A row that is not a mapping; a ``path`` the plot helpers refuse (:func:`_figure_path`,
-        which also raises ValueError).
+        ``rows`` not a list of rows; a row that is not a mapping; a ``valid`` that is not a
+        bool (``"no"`` would be truthy; a numpy bool is fine, named ``rows[i]['valid']``); a
+        ``path`` the plot helpers refuse (:func:`_figure_path`, which also raises ValueError).
     """
     target = _figure_path(path)
+    if isinstance(rows, (str, bytes, Mapping)) or not hasattr(rows, "__iter__"):
+        raise TypeError(f"rows: expected a list of dicts with name, log_volume and valid, got "
+                        f"{type(rows).__name__}")
+    rows = list(rows)
     if not rows:
         raise ValueError("rows: expected at least one support")
     names, vals, valid = [], [], []
     for i, r in enumerate(rows):
-        if not isinstance(r, Mapping):
-            raise TypeError(f"rows[{i}]: expected a dict with name, log_volume and valid, got "
-                            f"{type(r).__name__} {r!r}")
-        missing = [k for k in ("name", "log_volume", "valid") if k not in r]
-        if missing:
-            raise ValueError(f"rows[{i}]: expected keys name, log_volume and valid, missing "
-                             f"{', '.join(missing)} (row {dict(r)!r})")
+        _check_mapping(r, f"rows[{i}]", "a dict with name, log_volume and valid")
+        _check_keys(r, ("name", "log_volume", "valid"), f"rows[{i}]")
         try:
-            v = float(r["log_volume"])
-        except (TypeError, ValueError):
+            v = _check_real(r["log_volume"], f"rows[{i}]['log_volume']", finite=False,
+                            error=ValueError)
+        except ValueError:
             raise ValueError(f"rows[{i}]: expected a real log_volume (nats), got "
-                             f"{r['log_volume']!r} (row {r.get('name')!r})") from None
+                             f"{type(r['log_volume']).__name__} {r['log_volume']!r} (row "
+                             f"{r.get('name')!r})") from None
         names.append(str(r["name"]))
         vals.append(v)
-        valid.append(bool(r["valid"]))
+        valid.append(_check_bool(r["valid"], f"rows[{i}]['valid']"))
     finite = [math.isfinite(v) for v in vals]
+    shown = [v for v, fin in zip(vals, finite) if fin] or [0.0]
+    # near float64's largest the axis' own arithmetic overflows: draw in units of 10**k nats
+    big = max(abs(v) for v in shown)
+    exp10 = math.floor(math.log10(big)) if big > _MAX_AXIS_NATS else 0
+    unit = 10.0 ** exp10
+    x = [v / unit if fin else 0.0 for v, fin in zip(vals, finite)]
     hatch = {"conformal": "//", "cube": "..", "certified": "", "fit": ""}
     fig = _figure(7.8, 0.42 * len(rows) + 1.5)
     ax = fig.subplots()
-    bars = ax.barh(names, [v if ok else 0.0 for v, ok in zip(vals, finite)],
-                   color=["tab:blue" if ok else "lightgrey" for ok in valid],
+    bars = ax.barh(names, x, color=["tab:blue" if ok else "lightgrey" for ok in valid],
                    edgecolor="k", linewidth=0.4)
     for bar, r in zip(bars, rows):
         bar.set_hatch(hatch.get(r.get("kind", "fit"), ""))
-    shown = [v for v, fin in zip(vals, finite) if fin] or [0.0]
-    lo, hi = min(shown), max(shown)
-    span = max(hi - lo, 1.0)
+    lo, hi = min(shown) / unit, max(shown) / unit
+    # a span of 1 nat is lost in rounding beside values past 1e9 nats: then a relative one
+    span = max(hi - lo, 1.0 / unit, 1e-9 * max(abs(lo), abs(hi)))
     left = lo - 0.15 * span
     ax.set_xlim(left, hi + 0.3 * span)
-    for i, (v, ok, fin) in enumerate(zip(vals, valid, finite)):
-        text = f" {v:.0f}" if fin else f" log-volume {v} (not finite, no bar)"
-        ax.text(v if fin else left, i, text + ("" if ok else "  not valid"), va="center",
+    for i, (v, xi, ok, fin) in enumerate(zip(vals, x, valid, finite)):
+        text = ((f" {v:.0f}" if abs(v) < 1e15 else f" {v:.4g}") if fin else
+                f" log-volume {v} (not finite, no bar)")
+        ax.text(xi if fin else left, i, text + ("" if ok else "  not valid"), va="center",
                 fontsize=8)
-    ax.set_xlabel("log-volume (nats); smaller = tighter bound")
+    ax.set_xlabel("log-volume (nats); smaller = tighter bound" if not exp10 else
+                  f"log-volume (units of 1e{exp10} nats); smaller = tighter bound")
     ax.set_title("Supports in the bounds table (blue: valid; grey: rejected;\n"
                  "hatched //: conformal-calibrated, ..: the L-inf cube)", fontsize=10)
     ax.invert_yaxis()
@@ -255,14 +395,14 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
         share of the vocabulary go into the legend, and the largest upper bound among them is
         drawn as a dotted line.
     n_samples : int, optional
-        Monte Carlo sample count, for the title.
+        Monte Carlo sample count (an integer >= 1), for the title.
     estimator : str
         Named in the title.
     vocab_size : int, optional
         ``|V|`` when ``log_shares`` are those of a uniform token sample of ``k < |V|`` tokens:
         the sample's rank ``i`` is drawn at ``i |V| / k`` (its estimated rank in the
         vocabulary, an empirical CCDF), and the ``1/|V|`` line uses ``|V|``. An integer
-        ``>= k``.
+        ``>= k`` and at most ``10**9`` (:data:`_MAX_VOCAB`; no tokenizer is larger).
 
     Returns
     -------
@@ -273,16 +413,24 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     ------
     ValueError
         ``log_shares`` empty or not 1-D (or not numbers); a value above 0 (``+inf`` included:
-        a share above 1) in ``log_shares``, ``log_lower`` or ``log_upper``; no resolved cell
-        (every log-share NaN or ``-inf``, or flagged in ``unresolved``); a token not flagged
-        in ``unresolved`` without a finite log-share; ``log_lower``, ``log_upper`` or
-        ``unresolved`` not of shape ``(k,)``; ``vocab_size`` smaller than ``k``, the number of
-        shares (each names the argument).
+        a share above 1) in ``log_shares``, ``log_lower`` or ``log_upper``; a ``log_lower``
+        above its ``log_upper`` (an interval upside down); no resolved cell (every log-share
+        NaN or ``-inf``, or flagged in ``unresolved``); a token not flagged in ``unresolved``
+        without a finite log-share; ``log_lower``, ``log_upper`` or ``unresolved`` not of
+        shape ``(k,)``; ``vocab_size`` smaller than ``k``, the number of shares, or above
+        ``10**9``; ``n_samples < 1`` (each names the argument).
     TypeError
-        ``vocab_size`` not an integer; a ``path`` the plot helpers refuse
+        ``vocab_size`` or ``n_samples`` not an integer (a string, a float, a bool);
+        ``unresolved`` not booleans (``["no", "yes"]`` would all be True; numpy bools are
+        fine); ``estimator`` not a str; a ``path`` the plot helpers refuse
         (:func:`_figure_path`, which also raises ValueError).
     """
     target = _figure_path(path)
+    if n_samples is not None:
+        n_samples = check_positive_int(n_samples, "n_samples")
+    if not isinstance(estimator, str):
+        raise TypeError(f"estimator: expected a str (named in the title), got "
+                        f"{type(estimator).__name__} {estimator!r}")
     ls = _shares_array(log_shares, "log_shares")
     if ls.ndim != 1 or ls.size == 0:
         raise ValueError(f"log_shares: expected a non-empty 1-D array of log-shares (nats), got "
@@ -294,6 +442,16 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
         if arr is not None and np.any(arr > 1e-9):  # NaN compares False; +inf is caught
             raise ValueError(f"{name}: expected log-shares <= 0 (nats; a share is at most 1), "
                              f"got max {float(np.nanmax(arr))!r} ({int(np.sum(arr > 1e-9))} above 0)")
+    if lower is not None and upper is not None:
+        # NaN compares False (an end not computed is no conflict); 1e-9 nats of rounding, as
+        # for the ends above 0
+        flipped = lower > upper + 1e-9
+        if flipped.any():
+            i = int(np.flatnonzero(flipped)[0])
+            raise ValueError(f"log_lower: expected log_lower <= log_upper for every cell, got "
+                             f"{int(flipped.sum())} interval(s) upside down, the first at "
+                             f"index {i}: log_lower {float(lower[i])!r} > log_upper "
+                             f"{float(upper[i])!r}")
     if vocab_size is None:
         V = k
     else:
@@ -302,11 +460,17 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
         except ValueError as e:  # |V| is at least the k tokens sampled from it
             raise ValueError(f"{e} (the number of log_shares, a sample of the vocabulary)"
                              ) from None
+        if V > _MAX_VOCAB:
+            raise ValueError(f"vocab_size: expected at most 10**9 tokens (no tokenizer is "
+                             f"larger), got {_int_text(V)}")
     scale = V / k
     if unresolved is None:
         unres = ~np.isfinite(ls)
     else:
-        unres = np.asarray(unresolved, bool)
+        unres = np.asarray(unresolved)
+        if unres.dtype != bool:  # np.asarray(["no"], bool) is True: flags must be booleans
+            raise TypeError(f"unresolved: expected booleans (one flag per log-share; numpy "
+                            f"bools are fine), got dtype {unres.dtype}")
         if unres.shape != (k,):
             raise ValueError(f"unresolved: expected shape ({k},), one flag per log-share, got "
                              f"{unres.shape}")
@@ -359,13 +523,27 @@ def plot_cell_shares(log_shares, path, *, log_lower=None, log_upper=None, unreso
     return _save(fig, target)
 
 
-def _shares_array(x, name: str, k: int | None = None) -> np.ndarray:
-    """``x`` as float64; with ``k``, of shape ``(k,)``. ValueError naming ``name`` otherwise."""
+def _shares_array(x, name: str, k: int | None = None, what: str = "log-shares (nats)"
+                  ) -> np.ndarray:
+    """``x`` as float64; with ``k``, of shape ``(k,)``. ValueError naming ``name`` otherwise.
+
+    Numbers only: strings (``["-1.0"]``, which numpy would parse) and bools are refused; a
+    ``None`` among numbers (JSON's null) is NaN."""
     try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected an array of log-shares (nats), got "
-                         f"{type(x).__name__}") from None
+        raw = np.asarray(x)
+    except (TypeError, ValueError):  # ragged nested lists
+        raise ValueError(f"{name}: expected an array of {what}, got {type(x).__name__} (ragged)"
+                         ) from None
+    arr = None
+    if not (raw.dtype.kind in "USb" or (raw.dtype.kind == "O" and any(
+            isinstance(v, (str, bytes, bool, np.bool_)) for v in raw.ravel()))):
+        try:
+            arr = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    if arr is None:
+        raise ValueError(f"{name}: expected an array of {what}, got {type(x).__name__} of "
+                         f"dtype {raw.dtype}")
     if k is not None and arr.shape != (k,):
         raise ValueError(f"{name}: expected shape ({k},), one value per log-share, got "
                          f"{arr.shape}")
@@ -543,12 +721,15 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     path : str or Path
         PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     m_values : sequence of int, default (1, 2, 4, 8)
-        One lower panel per ``m``.
+        One lower panel per ``m`` (a list or tuple of integers >= 1, at most 64 of them; a
+        bare integer is refused).
     depth_nats : float, default 23
         Depth of the lower panels' y axis below 0, in nats (23 nats is about 10 decades).
     measured : dict, optional
-        ``{m: {"lengths", "accessibility", "lower", "upper"}}`` (lists; e.g.
-        :func:`embgeom.report.read_cram_summary`'s ``curves``).
+        ``{m: {"lengths", "accessibility", "lower", "upper"}}`` (lists of equal length; e.g.
+        :func:`embgeom.report.read_cram_summary`'s ``curves``): lengths finite and > 0, the
+        fractions finite and in ``[0, 1]``. An entry that is ``None`` or has no lengths is
+        not drawn.
 
     Returns
     -------
@@ -561,10 +742,14 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
         Empty ``curves`` or ``m_values``, ``vocab_size < 2``, a ``depth_nats`` that is not
         finite and > 0; a curve whose ``log_packing`` or ``rate`` :func:`embgeom.bounds.n_star`
         refuses, or whose cliff lies past ``2**52`` tokens (these name ``curves`` and the
-        label); a ``measured`` key that is not an integer >= 1.
+        label); more than 64 ``m_values``; a ``measured`` key that is not an integer >= 1, an
+        entry without ``accessibility``, ``lower`` or ``upper``, of lists of different
+        lengths or with values out of range (named ``measured['2']['lower']``).
     TypeError
-        A ``depth_nats`` that is not a real number; ``curves`` not a dict of pairs; a ``path``
-        the plot helpers refuse (:func:`_figure_path`, which also raises ValueError).
+        A ``depth_nats`` that is not a real number; ``curves`` not a dict of pairs;
+        ``m_values`` not a sequence (a bare integer, a string) or with an element that is not
+        an integer (named ``m_values[1]``); ``measured`` not a dict of dicts; a ``path`` the
+        plot helpers refuse (:func:`_figure_path`, which also raises ValueError).
     """
     from ..bounds import accessible_fraction_bound, n_star
 
@@ -575,11 +760,11 @@ def plot_accessible_fraction(curves: dict, vocab_size, path, *, m_values=(1, 2, 
     if not curves:
         raise ValueError("curves: expected at least one curve")
     V = check_positive_int(vocab_size, "vocab_size", minimum=2)
-    ms = [check_positive_int(m, "m_values") for m in m_values]
+    ms = _check_int_sequence(m_values, "m_values", maximum_length=_MAX_PANELS)
     if not ms:
         raise ValueError("m_values: expected at least one number of prompt vectors (integers "
                          ">= 1), got none")
-    measured = {_measured_m(k): v for k, v in (measured or {}).items() if v and v.get("lengths")}
+    measured = _measured_curves(measured)
     depth = check_positive(depth_nats, "depth_nats")
     _check_curves(curves, sorted(set(ms) | set(measured)), V, depth)
     ncol = 2 if len(ms) > 1 else 1
@@ -645,16 +830,52 @@ _MAX_CLIFF = 2.0 ** 52
 _MAX_PANEL_POINTS = 4000
 
 
-def _measured_m(k) -> int:
-    """A key of ``measured`` (an int, or its string from JSON) as the integer ``m >= 1``."""
+def _measured_m(k, name: str = "measured") -> int:
+    """A key of ``name`` (an int, or its string from JSON) as the integer ``m >= 1``."""
     try:
-        m = int(k)
-    except (TypeError, ValueError):
+        m = 0 if _is_bool(k) else int(k)
+    except (TypeError, ValueError, OverflowError):
         m = 0
     if m < 1 or (not isinstance(k, str) and m != k):
-        raise ValueError(f"measured: expected keys m, integers >= 1 (or their strings), got "
+        raise ValueError(f"{name}: expected keys m, integers >= 1 (or their strings), got "
                          f"{k!r}")
     return m
+
+
+_CURVE_KEYS = ("lengths", "accessibility", "lower", "upper")
+
+
+def _measured_curves(measured) -> dict:
+    """``measured`` as ``{m: {lengths, accessibility, lower, upper}}`` of float arrays of one
+    length, the entries without lengths left out; errors name ``measured`` and the entry."""
+    if measured is None:
+        return {}
+    _check_mapping(measured, "measured", "a dict m -> {lengths, accessibility, lower, upper}")
+    out = {}
+    for k, c in measured.items():
+        m = _measured_m(k)
+        name = f"measured[{k!r}]"
+        if c is None:
+            continue
+        _check_mapping(c, name, "a dict with lengths, accessibility, lower and upper")
+        if c.get("lengths") is None or len(c["lengths"]) == 0:
+            continue  # nothing measured for this m
+        _check_keys(c, _CURVE_KEYS, name)
+        arrs = {key: _shares_array(c[key], f"{name}[{key!r}]",
+                                   what="lengths" if key == "lengths" else "fractions")
+                for key in _CURVE_KEYS}
+        n = arrs["lengths"].shape
+        for key, a in arrs.items():
+            if a.ndim != 1 or a.shape != n:
+                raise ValueError(f"{name}[{key!r}]: expected a list of {n[0]} values (one per "
+                                 f"length), got shape {a.shape}")
+            ok = (a > 0) if key == "lengths" else (a >= 0) & (a <= 1)
+            if not (np.isfinite(a) & ok).all():
+                want = "finite lengths > 0" if key == "lengths" else "fractions in [0, 1]"
+                raise ValueError(f"{name}[{key!r}]: expected {want}, got "
+                                 f"{float(a[~(np.isfinite(a) & ok)][0])!r}")
+        out[m] = arrs
+    return out
 
 
 def _check_curves(curves, ms, V: int, depth: float) -> None:
@@ -712,13 +933,16 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     path : str or Path
         PNG to write (``.png`` is appended to a name without a suffix, :func:`_figure_path`).
     m_max : int, default 8
-        Largest number of prompt vectors ``m`` on the x axis.
+        Largest number of prompt vectors ``m`` on the x axis: an integer from 1 to ``10**6``
+        (:data:`_MAX_M`). Up to 1000 every integer ``m`` is a point of the lines, beyond it an
+        even grid of 1000.
     reference : dict[str, float], optional
         Further slopes drawn grey and dashed (e.g. the cube, rejected supports).
     c_emp : dict, optional
         A cramming measurement: ``c_emp`` (tokens per vector), ``c_emp_lower``,
-        ``c_emp_upper`` and ``n50`` ``{m: {"n50", "lower", "upper"}}``. None: the figure says
-        "not measured".
+        ``c_emp_upper``, ``converged`` (a bool, or None: not known), ``source`` and ``n50``
+        ``{m: {"n50", "lower", "upper"}}`` (``m`` an integer >= 1 or its string, the values
+        real numbers or None). None, or a ``c_emp`` of None: the figure says "not measured".
 
     Returns
     -------
@@ -730,12 +954,16 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     ValueError
         No slopes at all; a slope of ``slopes`` or ``reference`` that is NaN, infinite or
         negative (named as ``slopes['ball']``; a slope of 0, a support of one point at this
-        precision, is listed but lies below the log y axis); a ``c_emp`` value (``c_emp``,
-        ``c_emp_lower``, ``c_emp_upper``) that is not finite and > 0.
+        precision, is listed, and in the legend, but has no line: it lies below the log y
+        axis); ``m_max < 1`` or above ``10**6``; a ``c_emp`` value (``c_emp``,
+        ``c_emp_lower``, ``c_emp_upper``) that is not finite and > 0; an ``n50`` key that is
+        not an integer >= 1, or an n50 that is not finite and > 0 (bounds: >= 0).
     TypeError
         ``slopes`` or ``reference`` not a dict; a slope that is not a real number (a string, a
-        bool); a ``path`` the plot helpers refuse (:func:`_figure_path`, which also raises
-        ValueError).
+        bool); ``m_max`` not an integer (``2.0`` and ``True`` included); ``c_emp`` not a dict,
+        its ``converged`` not a bool or None (``"no"`` would be truthy), its ``n50`` not a dict
+        of dicts, or an n50 value not a real number; a ``path`` the plot helpers refuse
+        (:func:`_figure_path`, which also raises ValueError).
     """
     target = _figure_path(path)
     slopes = _slope_dict(slopes, "slopes")
@@ -743,13 +971,24 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
     if not slopes and not reference:
         raise ValueError("slopes: expected at least one slope")
     m_max = check_positive_int(m_max, "m_max")
-    m = np.arange(1, m_max + 1)
+    if m_max > _MAX_M:
+        raise ValueError(f"m_max: expected at most 10**6 prompt vectors (the x axis of the "
+                         f"law), got {_int_text(m_max)}")
+    m = (np.arange(1, m_max + 1) if m_max <= _LAW_POINTS else
+         np.linspace(1.0, float(m_max), _LAW_POINTS))
+    if c_emp is not None:
+        _check_mapping(c_emp, "c_emp", "a dict with c_emp, c_emp_lower, c_emp_upper and n50 "
+                                       "(a cramming measurement), or None")
     measured = bool(c_emp and c_emp.get("c_emp") is not None)
+    pts = None
     if measured:
         c_emp = dict(c_emp)
         for key in ("c_emp", "c_emp_lower", "c_emp_upper"):
             if c_emp.get(key) is not None:
                 c_emp[key] = check_positive(c_emp[key], f"c_emp[{key!r}]")
+        c_emp["converged"] = _check_bool(c_emp.get("converged"), "c_emp['converged']",
+                                         optional=True)
+        pts = _n50_points(c_emp)
     fig = _figure(11.0 if measured else 7.5, 4.6)
     axes = fig.subplots(1, 2 if measured else 1, squeeze=False).ravel()
     ax = axes[0]
@@ -758,10 +997,12 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
         # valid supports' slopes often lie within a few per cent of each other: on a log axis
         # their lines coincide, so the tightest is drawn, the rest as the band they span, and
         # every C is written out
+        # a slope of 0 has no point on the log y axis: its line is empty (no "no positive
+        # values" warning), its legend entry and listing stay
         (label0, C0), C1 = ordered[0], ordered[-1][1]
-        ax.plot(m, C0 * m, "-", color="C0", lw=1.8,
+        ax.plot(*_law_line(m, C0), "-", color="C0", lw=1.8,
                 label=f"the bound, {label0}: C = {C0:.4g} (tightest valid support)")
-        if len(ordered) > 1:
+        if len(ordered) > 1 and C1 > 0:
             ax.fill_between(m, C0 * m, C1 * m, color="C0", alpha=0.18, lw=0,
                             label=f"{len(ordered)} valid supports: C = {C0:.4g} to {C1:.4g}")
             ax.plot(m, C1 * m, "-", color="C0", lw=0.8, alpha=0.6)
@@ -769,14 +1010,14 @@ def plot_linear_law(slopes: dict, path, *, m_max: int = 8, reference: dict | Non
             f"  {k}: {C:.4g}" for k, C in ordered), transform=ax.transAxes, ha="left",
             va="top", fontsize=6.5, color="0.25", family="monospace")
     for label, C in (reference or {}).items():
-        ax.plot(m, C * m, "--", color="0.55", lw=1.0, label=f"{label}: C = {C:.4g} (not the bound)")
-    pts = _n50_points(c_emp) if measured else None
+        ax.plot(*_law_line(m, C), "--", color="0.55", lw=1.0,
+                label=f"{label}: C = {C:.4g} (not the bound)")
     if measured:
         ce = float(c_emp["c_emp"])
         lo, hi = c_emp.get("c_emp_lower"), c_emp.get("c_emp_upper")
         # n50 not shown to converge in the step budget: C_emp is a lower bound on the capacity
         # and C / C_emp an upper bound on the bound's looseness (as the answer block says)
-        exact = bool(c_emp.get("converged")) or str(c_emp.get("source", "")).startswith("published")
+        exact = bool(c_emp["converged"]) or str(c_emp.get("source", "")).startswith("published")
         rel, rel_ratio = ("=", "=") if exact else (">=", "<=")
         for a in axes:
             if pts[0]:
@@ -823,15 +1064,31 @@ def _slope_dict(slopes, name: str) -> dict:
             for label, C in slopes.items()}
 
 
+def _law_line(m: np.ndarray, C: float):
+    """``(m, C m)``, the points of a slope's line; none for ``C = 0`` (below the log axis)."""
+    return (m, C * m) if C > 0 else ([], [])
+
+
 def _n50_points(c_emp: dict):
-    """``(m list, n50 list, yerr 2 x k)`` of a measurement's finite n50 points."""
+    """``(m list, n50 list, yerr 2 x k)`` of a measurement's n50 points (those not None);
+    errors name ``c_emp['n50']`` and the entry."""
     xs, ys, los, his = [], [], [], []
-    for k, v in (c_emp.get("n50") or {}).items():
+    n50 = c_emp.get("n50")
+    if n50 is None:
+        n50 = {}
+    _check_mapping(n50, "c_emp['n50']", "a dict m -> {n50, lower, upper}")
+    for k, v in n50.items():
+        m = _measured_m(k, "c_emp['n50']")
+        name = f"c_emp['n50'][{k!r}]"
+        _check_mapping(v, name, "a dict with n50, lower and upper")
         if v.get("n50") is None:
             continue
-        y = float(v["n50"])
-        xs.append(int(k))
+        y = check_positive(v["n50"], f"{name}['n50']")
+        lo, hi = (y if v.get(e) is None else check_positive(v[e], f"{name}[{e!r}]",
+                                                              allow_zero=True)
+                  for e in ("lower", "upper"))
+        xs.append(m)
         ys.append(y)
-        los.append(y - float(v["lower"] if v.get("lower") is not None else y))
-        his.append(float(v["upper"] if v.get("upper") is not None else y) - y)
+        los.append(y - lo)
+        his.append(hi - y)
     return xs, ys, [np.clip(los, 0, None), np.clip(his, 0, None)]

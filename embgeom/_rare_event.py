@@ -1324,8 +1324,11 @@ def prepare_cones(W, G=None) -> ConeSetup:
         r = int(np.sum(sv > sv[0] * 1e-12)) if sv.size and sv[0] > 0 else 0
         if r == 0:
             raise ValueError("G: expected a non-zero linear map")
-        # G's scale is irrelevant too: a power of two, so the float32 rows scale exactly
-        WG = W32.astype(np.float64) @ (U[:, :r] * np.ldexp(sv[:r], -math.frexp(sv[0])[1]))
+        # G's scale is irrelevant too: divide it out (sv[0] -> 1), so that G and s G give the same
+        # float32 rows (up to a float64 ulp, which float32 rounding almost never keeps); a power
+        # of two alone left s = 1e3 and s = 1 different rows and different draws (-10.19 vs -10.35
+        # nats for one Ellipsoid cell)
+        WG = W32.astype(np.float64) @ (U[:, :r] * (sv[:r] / sv[0]))
         WG32 = np.ascontiguousarray(WG, dtype=np.float32)
     row_sq = np.einsum("ij,ij->i", WG32, WG32, dtype=np.float64)
     return ConeSetup(W32=W32, WG32=WG32, row_sq=row_sq)

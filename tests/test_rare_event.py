@@ -584,6 +584,32 @@ def test_scale_of_W_and_G_changes_no_share():
             np.testing.assert_array_equal(r, ref)
 
 
+def test_any_scale_of_the_support_changes_no_share():
+    """A support scaled by s (not a power of two: 1e-160, 1e-3, 1e3, 1e160) has the same cones:
+    G's scale is divided out exactly, so an Ellipsoid (rotated axes) or a final-norm shell gives
+    the same shares draw for draw. Dividing by a power of two only left s = 1e3 and s = 1 one
+    ulp apart in float32 and the chains on different paths (-10.19 vs -10.35 nats)."""
+    from embgeom.supports import Ellipsoid, FinalNormShell
+    from embgeom.volumes import cell_volumes
+
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((20, 4)).astype(np.float32)
+    Q, _ = np.linalg.qr(rng.standard_normal((4, 4)))
+    gain = rng.uniform(0.5, 2.0, 4)
+    kw = dict(seed=0, progress=False, method="rare-event", tokens=[10, 3])
+
+    def shares(support):
+        return cell_volumes(Decoder(W), support, 2000, **kw).log_fractions[[10, 3]]
+
+    for make in (lambda s: Ellipsoid.from_params(np.zeros(4), semi_axes=np.array([1, 2, 3, 0.5]) * s,
+                                                 axes=Q),
+                 lambda s: FinalNormShell.from_params("rmsnorm", gain * s)):
+        ref = shares(make(1.0))
+        assert np.all(np.isfinite(ref))
+        for s in (1e-160, 1e-3, 1e3, 1e160):
+            np.testing.assert_array_equal(shares(make(s)), ref)
+
+
 def test_tiny_working_set_still_resolves():
     """Caps of 1 to 4 constraints: the levels over all of W adapt their HMC time instead of
     stalling on ties for 400 levels (they left the cell unresolved); max_levels=1 is a clean

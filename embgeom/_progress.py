@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 
 __all__ = ["check_progress", "progress_enabled", "tqdm_kwargs"]
 
@@ -20,10 +19,9 @@ MIN_INTERVAL_S = 0.5
 def check_progress(progress, name: str = "progress") -> bool:
     """``progress`` as a bool: True or False (numpy's bool too), else a TypeError naming
     ``name``. A string such as ``"no"`` is truthy and would draw bars, so it is refused."""
-    if not isinstance(progress, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {type(progress).__name__} "
-                        f"{progress!r}")
-    return bool(progress)
+    from ._validation import check_bool
+
+    return check_bool(progress, name)
 
 
 def progress_enabled(requested: bool = True, stream=None) -> bool:

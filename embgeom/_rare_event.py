@@ -77,6 +77,7 @@ import numpy as np
 
 from . import _rare_kernels
 from .cells._region import cone_is_empty
+from ._progress import tqdm_kwargs
 from ._threads import single_blas_thread
 from ._validation import check_array, check_positive, check_positive_int, check_probability
 
@@ -1355,7 +1356,7 @@ def measure_cones(cones: ConeSetup, tokens: np.ndarray, root: np.random.SeedSequ
     side = np.empty(T, dtype=object)
     if gram_buffer is None:
         gram_buffer = _GramBuffer()  # reused by every token's working set
-    for i, t in enumerate(tqdm(tokens, desc="cone measures", unit="tok", disable=not progress)):
+    for i, t in enumerate(tqdm(tokens, desc="cone measures", unit="tok", **tqdm_kwargs(progress))):
         t0 = time.perf_counter()
         cone = _Cone(WG32, row_sq, W32, int(t))
         if cone.empty:

@@ -186,6 +186,14 @@ def as_array(x, name: str) -> np.ndarray:
         raise
 
 
+def check_bool(x, name: str) -> bool:
+    """``x`` as a bool: True or False (numpy's bool too), else a TypeError naming ``name``.
+    A string such as ``"no"`` is truthy, so ``bool(x)`` would read it as True; it is refused."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {type(x).__name__} {x!r}")
+    return bool(x)
+
+
 def check_positive(x, name: str, *, allow_zero: bool = False) -> float:
     """Return ``x`` as a float after checking it is finite and > 0 (>= 0 with ``allow_zero``).
 

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._progress import check_progress
+from ._progress import check_progress, tqdm_kwargs
 from ._validation import check_positive, check_positive_int
 
 __all__ = [
@@ -520,7 +520,7 @@ class LocalExecutor(Executor):
         sink = _InOrder(tasks, on_result)
         workers = min(self.n_workers, len(tasks))
         with tqdm(total=len(tasks), desc=desc or getattr(fn, "__name__", "tasks"), unit="task",
-                  disable=not progress) as bar:
+                  **tqdm_kwargs(progress)) as bar:
             if workers <= 1:
                 for key, args in tasks.items():
                     sink.add(key, _run_task(fn, args, seeds[key], kwargs, names, *values))
@@ -704,7 +704,7 @@ class RayExecutor(Executor):
         sink = _InOrder(tasks, on_result)
         try:
             with tqdm(total=len(tasks), desc=desc or getattr(fn, "__name__", "tasks"), unit="task",
-                      disable=not progress) as bar:
+                      **tqdm_kwargs(progress)) as bar:
                 last = time.monotonic()
                 while pending:
                     # everything that finished within 0.2 s: O(pending) per round, not per task

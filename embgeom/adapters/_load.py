@@ -131,7 +131,11 @@ class LoadedModel:
 @contextlib.contextmanager
 def _quiet_transformers(progress: bool):
     """Keep the transformers GGUF loader tidy: its tqdm bar over tensors is transient (and off
-    with ``progress=False``), its info/warning chatter is lowered to errors."""
+    with ``progress=False`` or where stderr is not a terminal), its info/warning chatter is lowered
+    to errors."""
+    from .._progress import progress_enabled
+
+    progress = progress_enabled(progress)
     import transformers
     from transformers.utils import logging as hf_logging
 

@@ -24,7 +24,7 @@ from .._hf import allowed_token_ids as _allowed_token_ids
 from .._hf import check_positions as _check_positions
 from .._hf import config_vocab as _config_vocab
 from .._hf import output_embeddings as _output_embeddings
-from .._progress import MIN_INTERVAL_S, progress_enabled
+from .._progress import progress_enabled, tqdm_kwargs
 from .._validation import check_positive_int, seed_sequence
 from ._forward import _causal_lm, _check_model, _hidden
 
@@ -429,7 +429,7 @@ def _sample_with_provenance(model, lengths, n_per_length, batch_size, seed, cach
     H = np.empty((row_lengths.size, d), dtype=np.float32)
     row = 0
     with tqdm(total=row_lengths.size, desc=f"hidden states ({name})", unit="seq",
-              disable=not progress, leave=False, mininterval=MIN_INTERVAL_S) as bar:
+              leave=False, **tqdm_kwargs(progress)) as bar:
         for length in lengths:
             gen = torch.Generator().manual_seed(_length_seed(seed, length))
             done = 0

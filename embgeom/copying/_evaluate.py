@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from embgeom._hf import greedy_decode, measuring
+from embgeom._progress import tqdm_kwargs
 from embgeom._stats import wilson_interval
 from embgeom._validation import (
     check_array,
@@ -119,7 +120,7 @@ def evaluate_copy(
     t0 = time.perf_counter()
     em_counts, per_token = [], []
     with _torch_threads(num_threads), measuring(model):
-        for length in tqdm(lengths.tolist(), desc="copy eval", disable=not progress):
+        for length in tqdm(lengths.tolist(), desc="copy eval", **tqdm_kwargs(progress)):
             rng = np.random.default_rng(seed_sequence(seed, length))
             symbols = task.sample_symbols(n_eval, length, rng)
             hits, tok = 0, 0

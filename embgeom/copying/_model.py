@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from embgeom._progress import tqdm_kwargs
 from embgeom._validation import check_positive, check_positive_int, check_seed
 
 from ._task import TASK_FILE, CopyTask, _check_task_fits, _check_threads, _torch_threads
@@ -167,7 +168,7 @@ def train_copy_model(
         sched = torch.optim.lr_scheduler.OneCycleLR(
             opt, max_lr=lr, total_steps=steps, pct_start=warmup, anneal_strategy="cos"
         )
-        bar = tqdm(range(steps), desc=f"copy train (L<={task.l_train})", disable=not progress)
+        bar = tqdm(range(steps), desc=f"copy train (L<={task.l_train})", **tqdm_kwargs(progress))
         for step in bar:
             lengths = rng.integers(1, task.l_train + 1, size=batch_size)
             ids, labels = task.training_batch(lengths, rng)

@@ -34,6 +34,7 @@ from embgeom._hf import (
     unwrap,
     vocab_rows,
 )
+from embgeom._progress import tqdm_kwargs
 from embgeom._validation import check_positive_int
 
 from ._optimise import cram
@@ -808,7 +809,7 @@ def accessibility_curve(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc=f"accessibility m={n_mem}", unit="length")
+        bar = tqdm(desc=f"accessibility m={n_mem}", unit="length", **tqdm_kwargs(progress))
     from embgeom.parallel import executor_scope
 
     try:

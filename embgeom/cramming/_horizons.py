@@ -49,6 +49,7 @@ from embgeom._hf import (
     unwrap,
     vocab_rows,
 )
+from embgeom._progress import tqdm_kwargs
 from embgeom._validation import check_positive, check_positive_int, seed_sequence
 
 from ._checks import greedy_generate
@@ -773,7 +774,8 @@ def horizons(
     if progress and todo:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc=f"horizons m={n_mem} {proto.name}", unit="step", leave=False)
+        bar = tqdm(desc=f"horizons m={n_mem} {proto.name}", unit="step", leave=False,
+                   **tqdm_kwargs(progress))
     try:
         with frozen(hf):
             mu, sd = _embedding_stats(emb, vocab)

@@ -31,6 +31,7 @@ from embgeom._hf import (
     unwrap,
     vocab_rows,
 )
+from embgeom._progress import tqdm_kwargs
 from embgeom._validation import check_positive, check_positive_int, seed_sequence
 
 from ._checks import greedy_generate
@@ -578,7 +579,7 @@ def _optimise(hf, P, rows: _Rows, *, opts: _CramOptions, adam: _Adam, progress, 
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=steps, desc=f"cram {label}", leave=False)
+        bar = tqdm(total=steps, desc=f"cram {label}", leave=False, **tqdm_kwargs(progress))
     try:
         for t in range(steps + 1):
             P.requires_grad_(True)

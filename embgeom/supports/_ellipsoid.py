@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 
+from .._progress import check_progress
 from .._special import log1p_ratio, log_unit_ball_volume, row_norms
 from .._validation import check_array, check_positive, check_positive_int, check_probability, check_seed
 from ._base import (
@@ -289,7 +290,7 @@ class Ellipsoid(Support):
         fit = None
         if rank > 0:
             fit = mvee(mu, U[:, :rank], sv[:rank], Vt[:rank], solver="cvxpy" if solver == "cvxpy" else "fast",
-                       tol=tol, max_iter=max_iter, progress=bool(self.progress))
+                       tol=tol, max_iter=max_iter, progress=check_progress(self.progress))
             center = unscale(fit.center, k, "centre")
             axes_in, semi_in = fit.axes, unscale(fit.semi_axes, k, "semi-axes")
             log_lower = fit.log_lower + rank * k * math.log(2.0)

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._progress import tqdm_kwargs
 from .._special import log_unit_ball_volume
 from ._base import cvxpy_solve, import_cvxpy
 
@@ -166,7 +167,8 @@ def todd_yildirim(Z: np.ndarray, tol: float = 1e-7, max_iter: int = 1_000_000, s
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=None, desc="ellipsoid (Todd-Yildirim)", unit="step", leave=False)
+        bar = tqdm(total=None, desc="ellipsoid (Todd-Yildirim)", unit="step", leave=False,
+                   **tqdm_kwargs(progress))
     while steps < max_iter:
         active = u > 0
         v_up = om / m - 1.0

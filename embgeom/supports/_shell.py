@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from .._special import _log_kappa, log1p_ratio, log_sphere_area, log_unit_ball_volume
-from .._validation import check_array, check_positive, check_seed
+from .._validation import check_array, check_bool, check_positive, check_seed
 from ._base import CONTAINS_TOL, Support, as_real_points, check_scale_factor, scale_lengths
 from ._ellipsoid import Ellipsoid
 from ._volumetric import (
@@ -138,6 +138,10 @@ class FinalNormShell(Support):
                 "degenerate along those axes (the output is constant there), so it has no "
                 "d-dimensional volume; fit a data support instead"
             )
+        if self.kind == "layernorm" and g.shape[0] < 3:
+            raise ValueError(
+                f"gain: a LayerNorm shell needs d >= 3, got d = {g.shape[0]} (its points have mean 0 "
+                "and mean square 1: in d = 1 there are none, in d = 2 only two)")
         self.kind_ = self.kind
         self.gain_ = g
         self.bias_ = None if self.bias is None else check_array(as_real_points(self.bias, "bias"), "bias", ndim=1, shape=(g.shape[0],))
@@ -203,7 +207,7 @@ class FinalNormShell(Support):
             Wrong dimension, NaN/inf, float16, negative tol; ``NotFittedError`` before a fit.
         """
         tol = check_positive(tol, "tol", allow_zero=True)
-        return self._contains(self._check_points(X), tol, solid=bool(solid))
+        return self._contains(self._check_points(X), tol, solid=check_bool(solid, "solid"))
 
     def _contains(self, X, tol, solid=False):
         rho = self._gauge(X)
@@ -238,13 +242,16 @@ class FinalNormShell(Support):
         if self._log_area is None:
             s = self.semi_axes_
             smin = float(s.min())
-            sn = s / smin  # >= 1: |z / s| = |z / sn| / smin, no under/overflow at any scale
+            # 1 / sn = smin / s in (0, 1], from logs: s / smin itself overflows for gains
+            # spanning more than 1e308 (1e-200..1e200); a ratio below 1e-308 is quietly 0
+            inv_sn = np.exp(math.log(smin) - np.log(s))
             rng = np.random.default_rng(0)
             vals = []
             for _ in range(4):
                 z = rng.standard_normal((1024, self.dim))
                 z /= np.linalg.norm(z, axis=1, keepdims=True)
-                vals.append(np.sqrt(np.einsum("ij,ij->i", z / sn, z / sn)))
+                zs = z * inv_sn
+                vals.append(np.sqrt(np.einsum("ij,ij->i", zs, zs)))
             v = np.concatenate(vals)
             mean = float(v.mean())
             self.log_area_stderr_ = float(v.std(ddof=1) / math.sqrt(v.size) / mean)

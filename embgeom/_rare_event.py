@@ -83,6 +83,10 @@ from ._validation import check_array, check_positive, check_positive_int, check_
 
 __all__ = ["ConeMeasure", "log_cone_gaussian_measure"]
 
+#: Most chains per run: (n_chains, k) float64 states of 2**20 x 576 are already 4.5 GiB, and
+#: more runs (``max_runs``) narrow an interval as well as more chains per run do.
+MAX_CHAINS = 2**20
+
 #: Tokens per block of the full check (a (chains, VOCAB_BLOCK) float32 buffer stays in cache).
 VOCAB_BLOCK = 4096
 #: Levels between the pilot's probes (the first is before the first level). Each probe is a pass
@@ -1028,6 +1032,10 @@ def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints,
     """The tuning settings of :func:`log_cone_gaussian_measure`, checked (ValueError/TypeError
     naming the argument); also called by :func:`embgeom.cell_volumes` before its uniform pass."""
     n_chains = check_positive_int(n_chains, "n_chains")
+    if n_chains > MAX_CHAINS:
+        raise ValueError(f"n_chains: expected at most 2**20 ({MAX_CHAINS}) chains per run (the "
+                         f"default is 128; for a tighter interval raise target_se's budget, "
+                         f"max_runs), got {n_chains:.3g}")
     n_groups = check_positive_int(n_groups, "n_groups", minimum=2)
     if n_chains % n_groups or n_chains // n_groups < 2:
         raise ValueError(f"n_chains: expected a multiple of n_groups={n_groups} with >= 2 chains per group (so {2 * n_groups}, {3 * n_groups}, ...), got {n_chains}")
@@ -1100,7 +1108,7 @@ def log_cone_gaussian_measure(
         (``G = U S V^T`` -> ``U_r S_r``: the same law of ``G x``).
     n_chains : int, default 1024
         Chains per token; the budget. The standard error of ``log p`` falls like
-        ``1 / sqrt(n_chains)``.
+        ``1 / sqrt(n_chains)``. At most ``MAX_CHAINS`` (2**20).
     n_groups : int, default 16
         Independent groups of chains (>= 2; must divide ``n_chains``); their spread gives the
         interval.

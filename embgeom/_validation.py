@@ -186,6 +186,34 @@ def as_array(x, name: str) -> np.ndarray:
         raise
 
 
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (``os.sysconf``), or None where it cannot tell."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_allocation(n_bytes: int, name: str, value, what: str) -> None:
+    """Refuse, before allocating, an array larger than this machine's physical memory.
+
+    numpy answers such a request with a ``MemoryError`` after the operating system refuses it, or
+    with "Maximum allowed dimension exceeded" past 2**63 bytes, or pages for minutes first; a
+    ``ValueError`` naming the argument says what to change.
+
+    Raises
+    ------
+    ValueError
+        ``n_bytes`` above the physical memory (or above 2**62 bytes where it is unknown).
+    """
+    limit = physical_memory_bytes() or 2**62
+    if n_bytes > limit:
+        raise ValueError(f"{name}: {value!r} needs {what} of {n_bytes / 2**30:.3g} GiB, more than "
+                         f"this machine's {limit / 2**30:.3g} GiB of memory; pass a smaller {name}")
+
+
 def check_bool(x, name: str) -> bool:
     """``x`` as a bool: True or False (numpy's bool too), else a TypeError naming ``name``.
     A string such as ``"no"`` is truthy, so ``bool(x)`` would read it as True; it is refused."""

@@ -383,7 +383,7 @@ class CellVolumes:
             an integer.
         ValueError
             ``path`` an existing directory, ending in a separator, or with a suffix matplotlib
-            cannot write; ``bins < 1``. All before anything is drawn.
+            cannot write; ``bins < 1`` or above 10,000. All before anything is drawn.
 
         Notes
         -----
@@ -710,8 +710,8 @@ def cell_volumes(
         to ``AUTO_ALL_TOKENS`` tokens, else a sample of ``AUTO_TOKEN_SAMPLE``.
     n_chains : int, default 128
         Rare-event chains per block (a multiple of ``n_groups``, 16 by default, with at least 2
-        chains per group: 32 or more). Each token gets one block, and more while ``target_se``
-        is not met.
+        chains per group: 32 or more; at most 2**20). Each token gets one block, and more while
+        ``target_se`` is not met.
     target_se : float or None, default 0.12
         Target standard error of each rare-event log-share, in **nats** (> 0; the interval's
         half-width is about twice it). A token whose error at one block is larger gets more

@@ -74,3 +74,27 @@ def test_library_bars_only_on_a_terminal(monkeypatch):
         cell_volumes(Decoder(W), ball, 2000, seed=0, method="rare-event", tokens=[0, 1],
                      progress=True)
         assert bool(stream.getvalue()) is drawn, stream.getvalue()[:200]
+
+
+def test_sizes_no_machine_holds_are_refused_up_front():
+    """``sample(10**12)``, ``Ball(dim=10**10)``, ``n_chains=10**12`` and ``bins=10**9`` used to
+    end in numpy's MemoryError (or minutes of paging, or a hang drawing bars): now a ValueError
+    naming the argument, before anything is allocated or drawn."""
+    from embgeom._validation import physical_memory_bytes
+
+    assert physical_memory_bytes() is None or physical_memory_bytes() > 2**28
+    ball = embgeom.Ball.from_params(np.zeros(4), 1.0)
+    with pytest.raises(ValueError, match=r"^n: 1000000000000 needs an \(n, 4\) float64 array of 2.98e\+04 GiB"):
+        ball.sample(10**12)
+    assert ball.sample(3, seed=0).shape == (3, 4)
+    for dim in (10**10, 10**30):
+        with pytest.raises(ValueError, match="^dim: .* needs a float64 centre"):
+            embgeom.Ball.from_params(None, 1.0, dim=dim)
+    W = np.random.default_rng(0).standard_normal((12, 3)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"^n_chains: expected at most 2\*\*20"):
+        cell_volumes(Decoder(W), ball.__class__.from_params(np.zeros(3), 1.0), 100, seed=0,
+                     method="rare-event", tokens=[0], n_chains=10**12, progress=False)
+    cv = cell_volumes(Decoder(W), embgeom.Ball.from_params(np.zeros(3), 1.0), 2000, seed=0,
+                      progress=False)
+    with pytest.raises(ValueError, match="^bins: expected at most 10000"):
+        cv.histogram(bins=10**9)

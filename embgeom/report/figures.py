@@ -126,6 +126,9 @@ _MAX_VOCAB = 10**9
 #: Largest number of lower panels (``m_values``) :func:`plot_accessible_fraction` draws.
 _MAX_PANELS = 64
 
+#: Most bins of a cell histogram (``bins``): more draws bars narrower than a pixel, slowly.
+MAX_BINS = 10_000
+
 #: Largest magnitude (nats) :func:`plot_support_volumes` puts on its axis as it is; beyond it
 #: (up to float64's ``1.8e308``) matplotlib's transforms overflow, and the log-volumes are
 #: drawn in units of a power of ten nats instead (the axis label says which).
@@ -591,7 +594,7 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
         not a str or path-like object; ``bins`` not an integer.
     ValueError
         ``path`` an existing directory, ending in a separator, or with a suffix matplotlib
-        cannot write; ``bins < 1``. All before anything is drawn.
+        cannot write; ``bins < 1`` or above ``MAX_BINS`` (10,000). All before anything is drawn.
     """
     from matplotlib.axes import Axes
 
@@ -608,6 +611,9 @@ def plot_cell_histogram(cv, ax=None, path=None, bins: int | None = None,
     target = None if path is None else _figure_path(path)
     if bins is not None:
         bins = check_positive_int(bins, "bins")
+        if bins > MAX_BINS:
+            raise ValueError(f"bins: expected at most {MAX_BINS} (a histogram of a 49,152-token "
+                             f"vocabulary needs far fewer), got {bins:.3g}")
     if ax is None:
         ax = _figure(7, 4).subplots()
     method = getattr(cv, "token_method", None)

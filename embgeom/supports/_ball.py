@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from .._special import log1p_ratio, log_unit_ball_volume
-from .._validation import check_array, check_positive, check_positive_int, check_probability, check_seed
+from .._validation import check_allocation, check_array, check_positive, check_positive_int, check_probability, check_seed
 from ._base import (
     _CENTERINGS,
     _SOLVERS,
@@ -217,7 +217,9 @@ class Ball(Support):
         if center is None:
             if dim is None:
                 raise ValueError("Ball.from_params(None, r) needs dim=d for the origin-centred ball")
-            c = np.zeros(check_positive_int(dim, "dim"))
+            dim = check_positive_int(dim, "dim")
+            check_allocation(dim * 8, "dim", dim, "a float64 centre")
+            c = np.zeros(dim)
         else:
             c = check_array(as_real_points(center, "center"), "center", ndim=1)
             if dim is not None and check_positive_int(dim, "dim") != c.shape[0]:

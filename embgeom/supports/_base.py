@@ -23,7 +23,7 @@ from sklearn.utils.validation import _get_feature_names, check_is_fitted
 
 from .._json import to_jsonable
 from .._special import row_norms, vector_norm
-from .._validation import as_array, check_array, check_positive, check_positive_int
+from .._validation import as_array, check_allocation, check_array, check_positive, check_positive_int
 
 try:  # scikit-learn >= 1.6: a function of sklearn.utils.validation
     from sklearn.utils.validation import _check_feature_names as _sk_check_feature_names
@@ -635,10 +635,7 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
         # an (n, d) array numpy cannot index (10**30 points) would leak numpy's "Maximum
         # allowed dimension exceeded"; a merely too large one is numpy's MemoryError, which
         # names its size
-        if n * max(int(self.dim), 1) * 8 >= 2**63:
-            raise ValueError(f"n: expected fewer than {2**60 // max(int(self.dim), 1):.3g} points "
-                             f"(an (n, {self.dim}) float64 array of at most 2**63 bytes), got "
-                             f"{n:.3g}")
+        check_allocation(n * max(int(self.dim), 1) * 8, "n", n, f"an (n, {self.dim}) float64 array")
         return n
 
     # -- what the rest of embgeom asks ------------------------------------------------------

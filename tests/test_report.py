@@ -620,3 +620,22 @@ def test_cell_histogram_title_names_the_splitting_budget_that_ran():
     one = cell_volumes(Decoder(W), ball, 500, seed=0, method="rare-event", progress=False,
                        target_se=None)
     assert "one run of 128 chains per token" in one.histogram().get_title()
+
+
+def test_report_wording_names_the_pilot_and_the_supports_left_out():
+    """A new-user pass read "one run per token" beside total_runs = 2 per token (the pilot is a
+    run too), and could not tell why box_pca was missing from the paper-vs-rigorous sentence."""
+    from embgeom.report._bounds import paper_vs_rigorous_sentence
+    from embgeom.report._cells import splitting_budget
+
+    phrase = splitting_budget({"rare_event": {"n_tokens": 10, "n_by_counts": 0, "token_sample": 10,
+                                              "target_se": None, "n_chains": 128,
+                                              "median_interval_width": 2.0}})
+    assert "one counted run per token, after a pilot run" in phrase
+    sec = {"paper_exceeds_rigorous": ["ball", "box"],
+           "binding_term": {"ball": "vinf_ball", "box": "vinf_box", "box_pca": "paper"},
+           "slope_paper_formula": {"ball": 3.0, "box": 2.0, "box_pca": 1.0, "ball_conformal": 1.0}}
+    s = paper_vs_rigorous_sentence(sec, 576)
+    assert s.startswith("C paper formula exceeds C rigorous for ball, box:")
+    assert s.endswith("For box_pca the paper's formula is at or below the rigorous bound, so they "
+                      "are not listed.")

@@ -472,6 +472,8 @@ def paper_vs_rigorous_sentence(section: dict, d: int) -> str:
     """Why "C paper formula" exceeds "C rigorous", in one sentence (from the binding terms)."""
     ex = section["paper_exceeds_rigorous"]
     bt = section["binding_term"]
+    rest = [k for k in section.get("slope_paper_formula", {}) if k not in ex
+            and not k.endswith(CONFORMAL_SUFFIX)]
     fams = sorted({bt[k].split("_")[0] for k in ex})
     from .._special import log_unit_ball_volume
 
@@ -482,4 +484,6 @@ def paper_vs_rigorous_sentence(section: dict, d: int) -> str:
             f"rigorous bound is the smallest of several volumetric bounds, here "
             f"{', '.join(sorted({bt[k] for k in ex}))} ({meaning}); in d = {d} a cube of side eps "
             f"has e^{gap:.0f} times the volume of the ball of radius eps/2, so far fewer of them "
-            "fit.")
+            "fit." + (f" For {', '.join(rest)} the paper's formula is at or below the "
+                      "rigorous bound, so they are not listed."
+                      if rest else ""))

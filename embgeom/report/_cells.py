@@ -263,7 +263,8 @@ def vocabulary_markdown(v: dict | None) -> list[str]:
                 "rerun benchmarks/all_cells.py to complete it."]
     s = v["settings"]
     budget = (f"{s['n_chains']} chains per run, "
-              + ("one run per token" if s["target_se"] is None else f"target_se {s['target_se']}"))
+              + ("one counted run per token, after a pilot run that picks its working set"
+                 if s["target_se"] is None else f"target_se {s['target_se']}"))
     lines = ["", f"Every cell ({v['n_done']:,} tokens, `{v['path']}`, {budget}): lambda from all "
              f"tokens {fmt(v['lambda_all'])} nats/token, from the sample "
              f"{fmt(v['lambda_sample'])}.", "",
@@ -343,7 +344,9 @@ def splitting_budget(vol: dict) -> str | None:
         head = f"a seeded sample of {ts:,} tokens"
     else:
         head = f"{n_split + counted:,} given tokens"
-    runs = ("one run per token" if re_.get("target_se") is None else
+    runs = ("one counted run per token, after a pilot run that picks its working set (its "
+            "estimate is not used; runs recorded per token count both)"
+            if re_.get("target_se") is None else
             f"runs until a standard error of {re_['target_se']:g} nats, at most "
             f"{re_.get('max_runs')}")
     return (f"{head}: {n_split:,} by rare-event splitting ({re_.get('n_chains')} chains per "

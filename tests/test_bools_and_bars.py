@@ -98,3 +98,21 @@ def test_sizes_no_machine_holds_are_refused_up_front():
                       progress=False)
     with pytest.raises(ValueError, match="^bins: expected at most 10000"):
         cv.histogram(bins=10**9)
+
+
+def test_options_checked_whether_or_not_they_are_used():
+    """``Box(min_width="a")`` fitted without a word when no side was degenerate, and
+    ``log_multiset_count(5.0, [])`` called an empty list "not integers" (TypeError)."""
+    from embgeom.bounds import log_multiset_count
+
+    H = np.random.default_rng(0).standard_normal((50, 3))
+    with pytest.raises((TypeError, ValueError), match="^min_width"):
+        embgeom.fit_support(H, "box", min_width="a")
+    with pytest.raises(ValueError, match="^min_width"):
+        embgeom.fit_support(H, "box", min_width=-1.0)
+    box = embgeom.fit_support(H, "box", min_width=0.5)  # unused here: the box is the data's
+    np.testing.assert_allclose(box.lower_, H.min(axis=0))
+    with pytest.raises(ValueError, match="^n: expected at least one sequence length"):
+        log_multiset_count(5.0, [])
+    # C(n + P, n): multisets of at most n = 2 of P = 3 points, C(5, 2) = 10
+    assert log_multiset_count(math.log(3.0), [2]).tolist() == pytest.approx([math.log(10.0)])

@@ -34,7 +34,7 @@ def log_multiset_count(log_points, n) -> np.ndarray:
     Raises
     ------
     TypeError, ValueError
-        ``log_points`` negative or NaN; ``n`` negative, not integer or beyond float64; a count
+        ``log_points`` negative or NaN; ``n`` empty, negative, not integer or beyond float64; a count
         beyond float64 (``n log P`` above 1.8e308 nats).
 
     Notes
@@ -45,6 +45,8 @@ def log_multiset_count(log_points, n) -> np.ndarray:
     """
     lp = _check_log_packing(log_points)
     nn, big = _exact_ints(n, "n")
+    if nn.size == 0:  # first: np.asarray([]) is float64, which read as "not integers"
+        raise ValueError(f"n: expected at least one sequence length, got {n!r}")
     if nn.dtype.kind not in "iu" and not big:
         raise TypeError(f"n: expected integers, got {n!r}")
     if np.any(nn < 0):

@@ -228,6 +228,8 @@ class Box(Support):
         floor = 0.0 if R is None else 64 * np.finfo(np.float64).eps * float(np.abs(Yk).max())
         zero = np.flatnonzero(~(hi - lo > floor))
         lo, hi = unscale(lo, k, "lower bounds"), unscale(hi, k, "upper bounds")
+        if self.min_width is not None:  # checked whether or not a side needs it
+            check_positive(self.min_width, "min_width")
         if zero.size:
             if self.min_width is None:
                 what = (f"all {Yk.shape[0]} points coincide" if not np.any(Yk != Yk[0]) else

@@ -400,16 +400,13 @@ def seed_sequence(seed, *keys: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, *keys),
                                       pool_size=seed.pool_size)
     _refuse_non_integer_seed(seed)
+    _refuse_negative_seed(seed)  # the one message, as in check_seed
     if seed is None:
         return np.random.SeedSequence(spawn_key=keys)
     try:
         entropy = [int(v) for v in np.atleast_1d(np.asarray(seed)).tolist()]
-        if any(v < 0 for v in entropy):
-            raise ValueError(f"seed: expected integers >= 0, got {seed!r}")
         return np.random.SeedSequence(entropy + list(keys))  # == SeedSequence(s) for an int
     except ValueError as exc:
-        if str(exc).startswith("seed: "):
-            raise
         raise ValueError(f"seed: {exc} (got {seed!r})") from None
     except TypeError as exc:
         raise ValueError(f"seed: {exc} (got {seed!r})") from None

@@ -639,3 +639,25 @@ def test_report_wording_names_the_pilot_and_the_supports_left_out():
     assert s.startswith("C paper formula exceeds C rigorous for ball, box:")
     assert s.endswith("For box_pca the paper's formula is at or below the rigorous bound, so they "
                       "are not listed.")
+
+
+def test_accessible_fraction_panels_follow_the_measured_m(monkeypatch, tmp_path):
+    """The lower panels were drawn at m = 1, 2, 4, 8 beside a measurement at m = 1, 2, 3: a
+    reader looked for the m = 3 panel and found m = 4 and 8 without points."""
+    from embgeom.report import _bounds as B
+
+    seen = []
+
+    def fake(curves, V, path, *, m_values, measured=None, **kw):
+        seen.append(tuple(m_values))
+        return str(path)
+
+    monkeypatch.setattr(B.figures, "plot_accessible_fraction", fake)
+    monkeypatch.setattr(B.figures, "plot_linear_law", lambda *a, **k: str(tmp_path / "l.png"))
+    curve = {"lengths": [1, 2], "accessibility": [1.0, 0.5], "lower": [0.8, 0.2], "upper": [1.0, 0.8]}
+    for measured, want in (({"1": curve, "3": curve, "2": curve, "4": None}, (1, 2, 3)),
+                           (None, (1, 2, 4, 8))):
+        c_emp = None if measured is None else {"curves": measured}
+        B._bounds_figures(tmp_path, {"ball": 500.0}, {"ball": 40.0}, ["ball"], "ball", 1000,
+                          None, c_emp, {"ball": True}, 8)
+        assert seen[-1] == want

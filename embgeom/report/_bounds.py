@@ -79,9 +79,12 @@ def _bounds_figures(out: Path, lp_paper: dict, slope: dict, candidates: list, ti
         curves = {f"{k} (log|V|)": (lp_paper[k], None) for k in shown}
         if lam is not None:
             curves[f"{tight}, lambda = {lam:.3g} in place of log|V| (heuristic)"] = (lp_paper[tight], lam)
+        measured = c_emp.get("curves") if c_emp else None
+        # the lower panels at the m that were measured (the top panel's curves), else 1, 2, 4, 8
+        ms = tuple(sorted(int(m) for m, c in (measured or {}).items()
+                          if c and c.get("lengths"))) or (1, 2, 4, 8)
         figs["accessible_fraction"] = Path(figures.plot_accessible_fraction(
-            curves, V, out / "accessible_fraction.png", m_values=(1, 2, 4, 8),
-            measured=c_emp.get("curves") if c_emp else None)).name
+            curves, V, out / "accessible_fraction.png", m_values=ms, measured=measured)).name
     law = {k: slope[k] for k in lp_paper if is_valid[k]}
     ref = {} if law else {k: slope[k] for k in lp_paper}
     figs["linear_law"] = Path(figures.plot_linear_law(

@@ -229,6 +229,9 @@ def supports_markdown(section: dict, shape, *, heldout_desc: str = "") -> str:
                      ho.get("lower_bound"), valid, e.get("fit_seconds")])
     lines = ["## Supports", "",
              f"Smallest sets of each shape holding the {shape[0]:,} hidden states (d = {shape[1]}); "
+             "`ball` is a Ball about a fitted centre and `ball_origin` a Ball about the origin "
+             "(the apex of a bias-free decoder's cells, where the cells section measures its "
+             "shares); `box` has the coordinate axes and `box_pca` the principal axes; "
              "`final_norm` is the shell certified by the final norm (no data; its log-volume is "
              "the enclosing solid's); `cube` is [-r_inf, r_inf]^d; `*_conformal` are the fits "
              "scaled by split-conformal calibration. Log-volumes in nats.", "",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -133,6 +135,12 @@ def test_the_smallest_cells_table_says_what_it_leaves_out(tmp_path):
     assert f"the finite ones only; left out: {n_empty} empty {word} (unargmaxable, share 0)" in md
     figs = _figure_list({"figure": "h.png"}, {"figures": {"log_volume": "s.png"}}, section, {})
     assert figs["cell_histogram_all"] == v["histogram"] == "cell_histogram_all.png"
+    # the counted shares are named, with the values counts can take (the histogram's spikes)
+    counted = full.token_method == "uniform"
+    k = int(full.counts[counted].min())
+    assert v["n_counted"] == int(counted.sum()) >= 1 and v["min_count"] == k
+    assert (f"{int(counted.sum()):,} of these shares are uniform counts k / 3,000 (k >= {k} hits"
+            in md) and f"log({k} / N) = {math.log(k / 3000):.2f}" in md
 
 
 def test_a_rescaled_support_keeps_the_shares_and_takes_its_own_volume(tmp_path):

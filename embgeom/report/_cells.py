@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -241,6 +242,8 @@ def vocabulary_section(paths, decoder: Decoder, support, cv, out: Path, tokenize
                  "log_upper": float(full.log_upper[t])} for t, n in zip(picks, names)]
         hist = out / "cell_histogram_all.png"
         full.histogram(path=hist)
+        counted = full.token_method == "uniform"
+        k_min = int(full.counts[counted].min()) if counted.any() else None
         return {"path": str(p), "complete": True, "n_done": int(info["n_done"]),
                 "lambda_all": float(full.cell_volume_rate().rate),
                 "lambda_sample": float(cv.cell_volume_rate().rate),
@@ -249,6 +252,8 @@ def vocabulary_section(paths, decoder: Decoder, support, cv, out: Path, tokenize
                 "methods": {str(m): int((full.token_method == m).sum())
                             for m in np.unique(full.token_method)},
                 "histogram": hist.name,
+                "n_counted": int(counted.sum()), "min_count": k_min,
+                "n_samples": int(full.n_samples),
                 "settings": {key: info.get(key) for key in
                              ("n_chains", "target_se", "n_samples", "seed_entropy", "seconds")}}
     return partial
@@ -274,6 +279,14 @@ def vocabulary_markdown(v: dict | None) -> list[str]:
                             f"{b['token']!r} ({b['token_id']})", fmt(b["log_share"])]
                            for a, b in zip(v["smallest"], v["largest"])]))
     lines += ["", f"![every cell, per-token histogram]({v['histogram']})"]
+    if v.get("n_counted") and v.get("min_count") and v.get("n_samples"):
+        k, N = v["min_count"], v["n_samples"]
+        lines += ["", f"{v['n_counted']:,} of these shares are uniform counts k / {N:,} (k >= {k} "
+                  "hits, where a count's interval is tighter than one splitting run's). A count "
+                  f"takes only the values log(k / N): log({k} / N) = {math.log(k / N):.2f}, "
+                  f"log({k + 1} / N) = {math.log((k + 1) / N):.2f}, ..., each shared by hundreds "
+                  "of tokens, so the histogram has spikes there where splitting estimates would "
+                  "spread; below them every share is a splitting estimate."]
     return lines
 
 

@@ -661,3 +661,33 @@ def test_accessible_fraction_panels_follow_the_measured_m(monkeypatch, tmp_path)
         B._bounds_figures(tmp_path, {"ball": 500.0}, {"ball": 40.0}, ["ball"], "ball", 1000,
                           None, c_emp, {"ball": True}, 8)
         assert seen[-1] == want
+
+
+def test_linear_law_band_leaves_out_the_cube_and_certified_bars_are_marked(monkeypatch, tmp_path):
+    """The L-inf cube's C (far above the fitted supports') stretched the linear-law band over
+    the plot; the certified final-norm bar looked like a fitted one."""
+    from embgeom.report import _bounds as B
+
+    laws = []
+    monkeypatch.setattr(B.figures, "plot_accessible_fraction", lambda *a, **k: str(tmp_path / "a.png"))
+    monkeypatch.setattr(B.figures, "plot_linear_law",
+                        lambda law, path, **k: laws.append(dict(law)) or str(path))
+    lp = {"ball": 500.0, "box": 520.0, "cube": 4000.0}
+    B._bounds_figures(tmp_path, lp, {"ball": 40.0, "box": 42.0, "cube": 300.0},
+                      ["ball", "box", "cube"], "ball", 1000, None, None,
+                      {"ball": True, "box": True, "cube": True}, 8)
+    assert laws[-1] == {"ball": 40.0, "box": 42.0}
+    B._bounds_figures(tmp_path, lp, {"ball": 40.0, "box": 42.0, "cube": 300.0}, ["cube"], "cube",
+                      1000, None, None, {"ball": False, "box": False, "cube": True}, 8)
+    assert laws[-1] == {"cube": 300.0}  # alone, it is the bound
+
+    from embgeom.report import figures
+
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, target: drawn.setdefault("fig", fig) and str(target))
+    rows = [{"name": "final_norm", "log_volume": -900.0, "valid": True, "kind": "certified"},
+            {"name": "ball", "log_volume": -1000.0, "valid": True, "kind": "fit"}]
+    figures.plot_support_volumes(rows, tmp_path / "s.png")
+    ax = drawn["fig"].axes[0]
+    hatches = [p.get_hatch() for p in ax.patches]
+    assert hatches == ["xx", ""] or hatches == ["xx", None]

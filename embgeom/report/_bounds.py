@@ -86,6 +86,9 @@ def _bounds_figures(out: Path, lp_paper: dict, slope: dict, candidates: list, ti
         figs["accessible_fraction"] = Path(figures.plot_accessible_fraction(
             curves, V, out / "accessible_fraction.png", m_values=ms, measured=measured)).name
     law = {k: slope[k] for k in lp_paper if is_valid[k]}
+    # the L-inf cube's C is far above the fitted supports': in the band it would stretch it over
+    # the whole plot; it is drawn only when no other support is valid (its C is in the table)
+    law = {k: v for k, v in law.items() if k != CUBE} or law
     ref = {} if law else {k: slope[k] for k in lp_paper}
     figs["linear_law"] = Path(figures.plot_linear_law(
         law, out / "linear_law.png", m_max=m_max, reference=ref, c_emp=c_emp)).name

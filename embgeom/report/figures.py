@@ -341,7 +341,7 @@ def plot_support_volumes(rows: list[dict], path) -> str:
     exp10 = math.floor(math.log10(big)) if big > _MAX_AXIS_NATS else 0
     unit = 10.0 ** exp10
     x = [v / unit if fin else 0.0 for v, fin in zip(vals, finite)]
-    hatch = {"conformal": "//", "cube": "..", "certified": "", "fit": ""}
+    hatch = {"conformal": "//", "cube": "..", "certified": "xx", "fit": ""}
     fig = _figure(7.8, 0.42 * len(rows) + 1.5)
     ax = fig.subplots()
     bars = ax.barh(names, x, color=["tab:blue" if ok else "lightgrey" for ok in valid],
@@ -361,7 +361,8 @@ def plot_support_volumes(rows: list[dict], path) -> str:
     ax.set_xlabel("log-volume (nats); smaller = tighter bound" if not exp10 else
                   f"log-volume (units of 1e{exp10} nats); smaller = tighter bound")
     ax.set_title("Supports in the bounds table (blue: valid; grey: rejected;\n"
-                 "hatched //: conformal-calibrated, ..: the L-inf cube)", fontsize=10)
+                 "hatched //: conformal-calibrated, ..: the L-inf cube, xx: certified by the "
+                 "final norm)", fontsize=10)
     ax.invert_yaxis()
     return _save(fig, target)
 

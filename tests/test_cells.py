@@ -486,3 +486,24 @@ def test_box_off_the_origin_keeps_its_own_constraints():
     truth = _hits(W, H)
     arg = set(np.flatnonzero(np.isin(res.status, [0, 1])).tolist())
     assert arg == truth and 0 < len(truth) < 24
+
+
+def test_chebyshev_center_of_a_duplicate_row_agrees_with_the_scan():
+    """Rows equal to t's were skipped as "no constraint": a duplicate of a lower id (ties go to
+    the lowest id) reported the twin's depth 0.45 for an empty cell, and a twin with a larger
+    bias (which wins everywhere) was ignored. The exact scan calls both unargmaxable."""
+    W = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [-1.0, -1.0]], dtype=np.float32)
+    dec = Decoder(W)
+    assert dec.unargmaxable(progress=False).tokens.tolist() == [2]
+    c0, r0 = dec.chebyshev_center(0)
+    c2, r2 = dec.chebyshev_center(2)
+    assert r0 > 0.4 and r2 == 0.0
+    np.testing.assert_array_equal(c2, c0)  # it ties at the twin's deepest point
+    biased = Decoder(W, bias=np.array([0.0, 0.0, 1.0, 0.0], dtype=np.float32))
+    assert biased.unargmaxable(progress=False).tokens.tolist() == [0]
+    c, r = biased.chebyshev_center(0)
+    assert r == -np.inf and c.tolist() == [0.0, 0.0]
+    assert biased.chebyshev_center(2)[1] > 0
+    # inside the hull of the others (bias-free): depth 0 at the apex, not -0.0
+    _, r = Decoder(np.array([[1, 0], [0, 1], [0.3, 0.3], [-1, -1]], dtype=np.float32)).chebyshev_center(2)
+    assert r == 0.0 and np.copysign(1.0, r) == 1.0

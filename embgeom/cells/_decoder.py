@@ -750,7 +750,9 @@ class Decoder:
         depth : float
             Radius ``r`` of the largest ball inside the cell (and the region); ``<= 0`` means the
             cell has an empty interior (unargmaxable), in which case ``center`` is the point of
-            least violation.
+            least violation. An exact duplicate of a lower id's row and bias (ties go to the
+            lowest id) gives depth 0 at the lowest twin's centre; a row equal to another whose
+            bias is larger (that token wins everywhere) gives depth ``-inf`` at the box's centre.
 
         Raises
         ------

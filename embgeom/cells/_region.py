@@ -229,7 +229,20 @@ def _chebyshev_center(dec, t, support, *, radius: float, max_iter: int):
     diff = wt - Wr
     norms = np.linalg.norm(diff, axis=1)
     cdiff = np.zeros(V) if c is None else ct - c
-    active = norms > 0  # exact duplicates of t impose nothing (ties go to the lowest id)
+    active = norms > 0  # the other rows equal to t's are no half-space: handled here
+    twin = ~active
+    twin[t] = False
+    if np.any(twin & (cdiff < 0)):
+        # a row equal to t's with a larger bias wins everywhere: no r satisfies 0 >= r 0 + cdiff
+        centre = 0.5 * (region.lb + region.ub)
+        h = centre if region.R is None else centre @ region.R
+        return np.ldexp(h, region.scale_exp), float("-inf")
+    lower = np.flatnonzero(twin[:t] & (cdiff[:t] == 0))
+    if lower.size:
+        # an exact duplicate of a lower id: ties go to the lowest id, so E_t is empty; it ties
+        # (depth 0) at the deepest point of the lowest twin's cell
+        h, _ = _chebyshev_center(dec, int(lower[0]), support, radius=radius, max_iter=max_iter)
+        return h, 0.0
     # start from the top competitors at the centre of the box along w_t - mean
     centre = 0.5 * (region.lb + region.ub)
     y0 = centre + 0.5 * (wt - Wr.mean(axis=0))
@@ -252,6 +265,6 @@ def _chebyshev_center(dec, t, support, *, radius: float, max_iter: int):
         if bad.size == 0:
             h = y if region.R is None else y @ region.R
             k = region.scale_exp  # back to true coordinates (exact)
-            return np.ldexp(h, k), math.ldexp(float(r), k)
+            return np.ldexp(h, k), math.ldexp(float(r), k) + 0.0  # + 0.0: no -0.0 depth
         S = np.union1d(S, bad)
     raise ValueError(f"chebyshev_center: no convergence in {max_iter} cutting-plane iterations")

@@ -15,6 +15,15 @@ Errors, in three kinds:
   package; sizes that need more memory than the machine has (the message names the size
   flags of the command). Output folders and resume files are checked before any model is
   loaded;
+- when, by kind: what needs no model is refused by the parser (``argument --FLAG: expected
+  <what>, got '<text>'``, one style for a word and for a number out of range), counts above a
+  cap that only an accident reaches included (``--cell-samples`` at most 2**34, the library's
+  ``MAX_SAMPLES``; ``--n-per-length``, ``--n-targets`` at most 2**20; the step counts at most
+  2**30); what needs the model (``--start-token`` against its vocabulary; ``--lengths``,
+  ``--mem``, ``--max-length`` against its context length) right after it loads, before
+  ``--out`` is created; and a run that fails anyway removes the ``--out`` (and
+  ``--cache-dir``) folders it created while they are still empty, never a folder that existed
+  before or holds anything;
 - an internal error (an exception that embgeom did not raise on purpose: a bug) ends with one
   line that says so and exit code 1; ``--debug`` shows its traceback (and that of any error);
 - Ctrl-C ends with exit code 130.
@@ -27,6 +36,7 @@ readable table); the terminal gets a short summary and the files' paths.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -69,14 +79,64 @@ def _version() -> str:
     return __version__
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _shown(text: str) -> str:
+    """``text`` as an error message quotes it: ``repr``, cut to 40 characters (a 5,000-digit
+    number would otherwise fill the terminal)."""
+    if len(text) > 40:
+        text = f"{text[:24]}... ({len(text)} characters)"
+    return repr(text)
+
+
+def _int_type(low: int, high: int | None = None, what: str | None = None):
+    """An argparse ``type=``: an integer in ``[low, high]`` (no upper bound for ``high=None``).
+
+    Every refusal, of a word (``1.5``, ``abc``) as of a number out of range (``0``, ``-1``,
+    ``1e29``-sized), is the one message ``expected <what>, got '<text as typed>'``; ``what``
+    defaults to ``a positive integer [<= high]``, ``an integer >= low`` or ``an integer in
+    [low, high]``.
+    """
+    if what is None and low == 1:
+        what = "a positive integer" + ("" if high is None else f" <= {_power_of_two(high)}")
+    elif what is None:
+        what = (f"an integer >= {low}" if high is None
+                else f"an integer in [{low}, {_power_of_two(high)}]")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # a word, a fraction, or more digits than Python converts
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {_shown(text)}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _power_of_two(n: int) -> str:
+    """``2**34`` for 17179869184 (how the caps are written in the help), else ``str(n)``."""
+    return f"2**{n.bit_length() - 1}" if n > 1024 and n & (n - 1) == 0 else str(n)
+
+
+_positive_int = _int_type(1)
+
+#: Caps of the counts whose value can only be an accident above them (each flag's help says
+#: its cap). The lengths and ``--mem`` have no fixed cap: the model's context length bounds
+#: them, checked right after the model loads (:func:`_check_cram_against_model`).
+#:
+#: ``--cell-samples``: :data:`embgeom.volumes.MAX_SAMPLES`, the library's own cap (2**34,
+#: about 1,000 CPU-hours at SmolLM2's size), written out so that the parser imports nothing
+#: heavy (tests/test_cli_early_errors.py checks that the two agree).
+CELL_SAMPLES_LIMIT = 2**34
+#: ``--n-per-length``: hidden states per prompt length (the paper drew 10,000 on a GPU; 2**20
+#: per length are 2.4 GB of SmolLM2 states each, beyond this kind of machine for 7 lengths).
+PER_LENGTH_LIMIT = 2**20
+#: ``--n-targets``: random targets per length, each its own optimisation (default 8 or 16).
+TARGETS_LIMIT = 2**20
+#: ``--steps``, ``--patience``, ``--steps-per-length``, ``--max-steps``: optimiser updates
+#: (2**30 at a millisecond each are 12 days for one target).
+STEPS_LIMIT = 2**30
 
 
 def _positive_float(text: str) -> float:
@@ -129,14 +189,7 @@ def _start_token(text: str):
 _SEED_LIMIT = 2**63
 
 
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if not 0 <= v < _SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {v}")
-    return v
+_seed = _int_type(0, _SEED_LIMIT - 1, what="an integer in [0, 2**63)")
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -147,8 +200,10 @@ def _common_options() -> argparse.ArgumentParser:
                    help="print only errors and the final summary: no progress bars, no "
                    "warnings, no log messages")
     g.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more log messages on stderr: -v info, -vv debug (default: warnings "
-                   "only)")
+                   help="more log messages on stderr: -v every info message, -vv debug too "
+                   "(default: warnings, and the info lines that say where the model and the "
+                   "hidden states came from; for report also its phase lines when no progress "
+                   "bar is drawn)")
     g.add_argument("--no-progress", action="store_true",
                    help="hide progress bars (they are drawn only when stderr is a terminal)")
     g.add_argument("--debug", action="store_true",
@@ -220,12 +275,15 @@ def _add_report_command(command, add_executor_arguments) -> None:
     rep.add_argument("--quick", action="store_true",
                      help="small sizes: finishes within about 2 minutes on 2 cores")
     rep.add_argument("--lengths", type=_positive_int, nargs="+", default=None,
-                     help="prompt lengths of the random token sequences, in tokens (default: "
-                     "the size preset's, see docs/report.md)")
-    rep.add_argument("--n-per-length", type=_positive_int, default=None,
-                     help="hidden states sampled per length (default: the size preset's)")
-    rep.add_argument("--cell-samples", type=_positive_int, default=None,
-                     help="Monte Carlo points for the cell volumes (default: the size preset's)")
+                     help="prompt lengths of the random token sequences, in tokens, each at "
+                     "most the model's context length (default: the size preset's, see "
+                     "docs/report.md)")
+    rep.add_argument("--n-per-length", type=_int_type(2, PER_LENGTH_LIMIT), default=None,
+                     help="hidden states sampled per length, 2 to "
+                     f"{_power_of_two(PER_LENGTH_LIMIT)} (default: the size preset's)")
+    rep.add_argument("--cell-samples", type=_int_type(1, CELL_SAMPLES_LIMIT), default=None,
+                     help="Monte Carlo points for the cell volumes, at most "
+                     f"{_power_of_two(CELL_SAMPLES_LIMIT)} (default: the size preset's)")
     rep.add_argument("--seed", type=_seed, default=0,
                      help="seed of every random draw (an integer >= 0); the held-out check uses "
                      "seed + 1")
@@ -262,17 +320,21 @@ def _add_cram_command(command, add_executor_arguments) -> None:
                       help="registry name (smollm2-135m, gemma-3-270m), a Hugging Face folder or "
                       "a .gguf file")
     cram.add_argument("--mem", type=_positive_int, nargs="+", default=None,
-                      help="numbers of memory vectors m to sweep (default: 1)")
+                      help="numbers of memory vectors m to sweep; the start token, m vectors and "
+                      "the target must fit the model's context length (default: 1)")
     cram.add_argument("--out", type=_out_dir, required=True, help="output folder")
     cram.add_argument("--lengths", type=_positive_int, nargs="+", default=None,
-                      help="target lengths (tokens), each run; without it: adaptive search "
+                      help="target lengths (tokens), each run, each fitting the model's context "
+                      "length after the start token and m vectors; without it: adaptive search "
                       "(1, 2, 4, ... while accessibility >= 0.5, then bisection)")
     cram.add_argument("--adaptive", action="store_true",
                       help="use --lengths as the coarse grid of the adaptive search")
-    cram.add_argument("--n-targets", type=_positive_int, default=None,
-                      help="random targets per length (default: 8)")
-    cram.add_argument("--steps", type=_positive_int, default=None,
-                      help="Adam steps at most (default: 1000)")
+    cram.add_argument("--n-targets", type=_int_type(1, TARGETS_LIMIT), default=None,
+                      help=f"random targets per length, at most {_power_of_two(TARGETS_LIMIT)} "
+                      "(default: 8)")
+    cram.add_argument("--steps", type=_int_type(1, STEPS_LIMIT), default=None,
+                      help=f"Adam steps at most, up to {_power_of_two(STEPS_LIMIT)} (default: "
+                      "1000)")
     cram.add_argument("--lr", type=_positive_float, default=None,
                       help="Adam learning rate (default: 1e-2)")
     cram.add_argument("--seed", type=_seed, default=0,
@@ -283,16 +345,16 @@ def _add_cram_command(command, add_executor_arguments) -> None:
                       help="torch device (cpu, cuda, cuda:1, ...; default: cpu)")
     cram.add_argument("--start-token", type=_start_token, default="auto",
                       help="token placed before the memory vectors: auto (the tokenizer's BOS), "
-                      "none, or a token id")
+                      "none, or a token id of the model's vocabulary")
     cram.add_argument("--precision", choices=("float32", "bf16-autocast", "bf16-linear"), default=None,
                       help="precision of the model forward while optimising (default: float32); "
                       "bf16-autocast is ~2x faster on a CPU with AVX-512 BF16, bf16-linear (bf16 linear layers, the rest float32) 1.6x on one with AMX; every stop and "
                       "verdict is still judged in float32")
     cram.add_argument("--weight-decay", type=_non_negative_float, default=None,
                       help="AdamW weight decay on the memory vectors (default: 0)")
-    cram.add_argument("--patience", type=_positive_int, default=None,
-                      help="stop a target after this many steps without a new best accuracy "
-                      "(default: never)")
+    cram.add_argument("--patience", type=_int_type(1, STEPS_LIMIT), default=None,
+                      help="stop a target after this many steps without a new best accuracy, at "
+                      f"most {_power_of_two(STEPS_LIMIT)} (default: never)")
     cram.add_argument("--protocol", choices=CRAM_PROTOCOL_NAMES, default=None,
                       help="the optimiser preset. With --horizons: any of the choices "
                       f"(default {CRAM_DEFAULT_PROTOCOL}; docs/cramming.md lists each with its "
@@ -306,12 +368,15 @@ def _add_cram_command(command, add_executor_arguments) -> None:
                       "from the previous solution and records its horizon h (longest crammed "
                       "prefix); accessibility(n) = P(h >= n), n50 = median horizon. Writes "
                       "horizons.jsonl (resumable) and the same cram_summary.json")
-    cram.add_argument("--steps-per-length", type=_positive_int, default=None,
-                      help="with --horizons: updates allowed for each new length (default 500)")
-    cram.add_argument("--max-steps", type=_positive_int, default=None,
-                      help="with --horizons: cap on a target's updates in all (default: none)")
+    cram.add_argument("--steps-per-length", type=_int_type(1, STEPS_LIMIT), default=None,
+                      help="with --horizons: updates allowed for each new length, at most "
+                      f"{_power_of_two(STEPS_LIMIT)} (default 500)")
+    cram.add_argument("--max-steps", type=_int_type(1, STEPS_LIMIT), default=None,
+                      help="with --horizons: cap on a target's updates in all, at most "
+                      f"{_power_of_two(STEPS_LIMIT)} (default: none)")
     cram.add_argument("--max-length", type=_positive_int, default=None,
-                      help="with --horizons: the longest prefix tried (default 64)")
+                      help="with --horizons: the longest prefix tried; the start token, m "
+                      "vectors and the prefix must fit the model's context length (default 64)")
     cram.add_argument("--target-source", choices=("random-tokens", "wordlist", "words"),
                       default="random-tokens",
                       help="random-tokens (the theorem's count), wordlist (the paper's "
@@ -331,8 +396,9 @@ def _add_copy_command(command) -> None:
     )
     cp.add_argument("--l-train", type=_positive_int, default=20,
                     help="longest training sequence (tokens)")
-    cp.add_argument("--alphabet", type=_positive_int, default=16, help="alphabet size (>= 2)")
-    cp.add_argument("--steps", type=_positive_int, default=2000, help="training steps")
+    cp.add_argument("--alphabet", type=_int_type(2), default=16, help="alphabet size (>= 2)")
+    cp.add_argument("--steps", type=_int_type(1, STEPS_LIMIT), default=2000,
+                    help=f"training steps, at most {_power_of_two(STEPS_LIMIT)}")
     cp.add_argument("--out", type=_out_dir, required=True, help="output folder")
     cp.add_argument("--seed", type=_seed, default=0,
                     help="master seed: initialisation, training and evaluation data get "
@@ -382,6 +448,121 @@ def _check_text_file(path: Path, flag: str, what: str) -> None:
                          f"it is not {what}") from None
     except OSError as exc:
         raise UsageError(f"{flag}: cannot read {path} ({exc.strerror or type(exc).__name__})") from None
+
+
+@contextlib.contextmanager
+def _remove_if_left_empty(*folders):
+    """Folders among ``folders`` (and their parents) that do not exist now are removed again
+    when the block fails and leaves them empty: a refused or failed run leaves no empty
+    ``--out`` behind. A folder that existed before, or holds anything (a resume file, a
+    figure), is never removed."""
+    new = []
+    for folder in folders:
+        if folder is None:
+            continue
+        path = Path(folder).expanduser().absolute()
+        chain = []  # the deepest first, up to the first folder that exists
+        while not os.path.lexists(path) and path.parent != path:
+            chain.append(path)
+            path = path.parent
+        new.append(chain)
+    try:
+        yield
+    except BaseException:
+        for chain in new:
+            for path in chain:
+                try:
+                    path.rmdir()  # only an empty folder
+                except FileNotFoundError:  # not made (or made and removed): its parent may be
+                    continue
+                except OSError:  # not empty, or not ours to remove: the parents stay too
+                    break
+        raise
+
+
+@contextlib.contextmanager
+def _check_after_load(check):
+    """Run ``check(loaded)`` right after the library loads the model, while the block runs.
+
+    The library loads the model (:func:`embgeom.adapters.load_model`, looked up when it is
+    called) after its own argument checks and before it creates ``--out``; ``check`` compares
+    the arguments with the model there (a token id with the vocabulary, a length with the
+    context length), so that a value the model cannot take is refused before anything is
+    written, in words that name the flag. A caller that passes a loaded model skips it.
+    """
+    from . import adapters
+
+    load = adapters.load_model
+
+    def load_and_check(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        check(loaded)
+        return loaded
+
+    adapters.load_model = load_and_check
+    try:
+        yield
+    finally:
+        adapters.load_model = load
+
+
+def _context_length(loaded) -> tuple:
+    """``(hf model, tokenizer, name, context length or None)`` of a loaded model."""
+    from ._hf import max_positions, unwrap
+
+    hf, tokenizer, name, _ = unwrap(loaded)
+    return hf, tokenizer, name, max_positions(hf)
+
+
+def _check_report_against_model(lengths, *, given: bool = True):
+    """The check of ``embgeom report`` after the load: every prompt length (``--lengths``, or
+    the size preset's: ``given=False``) within the model's context length."""
+
+    def check(loaded) -> None:
+        _, _, name, limit = _context_length(loaded)
+        too_long = [n for n in lengths if limit is not None and n > limit]
+        if too_long:
+            whose = "" if given else " (the size preset's)"
+            raise UsageError(f"--lengths {' '.join(map(str, too_long))}{whose}: longer than the "
+                             f"context length of {name} ({limit} tokens); give lengths <= "
+                             f"{limit}")
+
+    return check
+
+
+def _check_cram_against_model(mems, longest, start_token, length_flag: str):
+    """The check of ``embgeom cram`` after the load: ``--start-token`` a token id of the model,
+    and for every m the start token, m memory vectors and the longest target within the
+    context length (``longest``: {m: length}; the library's count, the last target token is
+    never fed: ``start + m + n - 1`` positions)."""
+
+    def check(loaded) -> None:
+        from ._hf import resolve_start_token, vocab_rows
+
+        hf, tokenizer, name, limit = _context_length(loaded)
+        vocab = vocab_rows(hf)
+        if isinstance(start_token, int) and start_token >= vocab:
+            raise UsageError(f"--start-token {start_token}: not a token id of {name} (its ids "
+                             f"are 0 to {vocab - 1}); give one of them, auto or none")
+        if limit is None:
+            return
+        start = int(resolve_start_token(hf, tokenizer, start_token, vocab) is not None)
+        for m in sorted(mems):
+            prefix = (f"{'1 start token' if start else 'no start token'} + {m} memory "
+                      f"vector{'s' if m != 1 else ''}")
+            if start + m > limit:
+                raise UsageError(
+                    f"--mem {m}: {prefix} leave no room for a target in the context length of "
+                    f"{name} ({limit} tokens); give --mem <= {limit - start}")
+            n = longest[m]
+            if start + m + n - 1 > limit:
+                raise UsageError(
+                    f"{length_flag} {n}: {prefix} + a {n}-token target take "
+                    f"{start + m + n - 1} positions, more than the context length of {name} "
+                    f"({limit} tokens); with --mem {m} the longest target that fits is "
+                    f"{limit - start - m + 1}")
+
+    return check
 
 
 def _progress(args) -> bool:
@@ -457,7 +638,12 @@ def _cmd_report(args) -> dict:
               progress=_progress(args))
     _pass_executor(build_report, kw, executor)
     _log.info("report on %s into %s", args.model, out)
-    return build_report(args.model, out, **kw)
+    from .report import REPORT_SIZES
+
+    lengths = args.lengths or REPORT_SIZES["quick" if args.quick else "default"]["lengths"]
+    with _remove_if_left_empty(out, args.cache_dir), _check_after_load(
+            _check_report_against_model(lengths, given=args.lengths is not None)):
+        return build_report(args.model, out, **kw)
 
 
 #: ``embgeom cram`` options and their defaults without a protocol.
@@ -550,7 +736,11 @@ def _cmd_cram(args) -> dict:
     mems = kw.pop("mems")
     _log.info("cramming %s with m in %s into %s", args.model, mems, args.out)
     kw["target_source"] = args.target_source
-    return run_cram(args.model, mems, args.out, **kw)
+    lengths = kw["lengths"]
+    longest = {m: max(lengths[m] if isinstance(lengths, dict) else lengths or [1]) for m in mems}
+    with _remove_if_left_empty(args.out), _check_after_load(_check_cram_against_model(
+            mems, longest, args.start_token, "--lengths")):
+        return run_cram(args.model, mems, args.out, **kw)
 
 
 def _cmd_horizons(args) -> dict:
@@ -568,7 +758,9 @@ def _cmd_horizons(args) -> dict:
     mems = kw.pop("mems")
     _log.info("horizons of %s with m in %s (%s) into %s", args.model, mems, kw["protocol"],
               args.out)
-    return run_horizons(args.model, mems, args.out, **kw)
+    with _remove_if_left_empty(args.out), _check_after_load(_check_cram_against_model(
+            mems, {m: kw["max_length"] for m in mems}, args.start_token, "--max-length")):
+        return run_horizons(args.model, mems, args.out, **kw)
 
 
 def _cmd_copy(args) -> dict:
@@ -576,8 +768,9 @@ def _cmd_copy(args) -> dict:
     from .copying import run_copy
 
     _log.info("copy task, l_train %d, into %s", args.l_train, args.out)
-    return run_copy(args.out, l_train=args.l_train, alphabet=args.alphabet, steps=args.steps,
-                    seed=args.seed, progress=_progress(args))
+    with _remove_if_left_empty(args.out):
+        return run_copy(args.out, l_train=args.l_train, alphabet=args.alphabet, steps=args.steps,
+                        seed=args.seed, progress=_progress(args))
 
 
 def _copy_lines(res: dict) -> list[str]:
@@ -645,6 +838,7 @@ def _raised_on_purpose(exc: BaseException) -> bool:
 
 #: library argument names that a command-line flag of another name sets
 _FLAG_OF_LIBRARY_NAME = {"name_or_path": "model", "mems": "mem", "n_cell_samples": "cell_samples",
+                         "n_samples": "cell_samples",
                          "n_targets": "n_targets", "out_dir": "out", "num_cpus": "ray_num_cpus",
                          "num_gpus": "ray_num_gpus", "address": "ray_address"}
 

@@ -20,7 +20,8 @@ Errors, in three kinds:
   cap that only an accident reaches included (``--cell-samples`` at most 2**34, the library's
   ``MAX_SAMPLES``; ``--n-per-length``, ``--n-targets`` at most 2**20; the step counts at most
   2**30); what needs the model (``--start-token`` against its vocabulary; ``--lengths``,
-  ``--mem``, ``--max-length`` against its context length) right after it loads, before
+  ``--mem``, ``--max-length`` against its context length) right after it loads (the library
+  entry points' ``on_load`` hook), before
   ``--out`` is created; and a run that fails anyway removes the ``--out`` (and
   ``--cache-dir``) folders it created while they are still empty, never a folder that existed
   before or holds anything;
@@ -480,32 +481,6 @@ def _remove_if_left_empty(*folders):
         raise
 
 
-@contextlib.contextmanager
-def _check_after_load(check):
-    """Run ``check(loaded)`` right after the library loads the model, while the block runs.
-
-    The library loads the model (:func:`embgeom.adapters.load_model`, looked up when it is
-    called) after its own argument checks and before it creates ``--out``; ``check`` compares
-    the arguments with the model there (a token id with the vocabulary, a length with the
-    context length), so that a value the model cannot take is refused before anything is
-    written, in words that name the flag. A caller that passes a loaded model skips it.
-    """
-    from . import adapters
-
-    load = adapters.load_model
-
-    def load_and_check(*args, **kwargs):
-        loaded = load(*args, **kwargs)
-        check(loaded)
-        return loaded
-
-    adapters.load_model = load_and_check
-    try:
-        yield
-    finally:
-        adapters.load_model = load
-
-
 def _context_length(loaded) -> tuple:
     """``(hf model, tokenizer, name, context length or None)`` of a loaded model."""
     from ._hf import max_positions, unwrap
@@ -641,9 +616,9 @@ def _cmd_report(args) -> dict:
     from .report import REPORT_SIZES
 
     lengths = args.lengths or REPORT_SIZES["quick" if args.quick else "default"]["lengths"]
-    with _remove_if_left_empty(out, args.cache_dir), _check_after_load(
-            _check_report_against_model(lengths, given=args.lengths is not None)):
-        return build_report(args.model, out, **kw)
+    with _remove_if_left_empty(out, args.cache_dir):
+        return build_report(args.model, out, **kw, on_load=_check_report_against_model(
+            lengths, given=args.lengths is not None))
 
 
 #: ``embgeom cram`` options and their defaults without a protocol.
@@ -738,9 +713,9 @@ def _cmd_cram(args) -> dict:
     kw["target_source"] = args.target_source
     lengths = kw["lengths"]
     longest = {m: max(lengths[m] if isinstance(lengths, dict) else lengths or [1]) for m in mems}
-    with _remove_if_left_empty(args.out), _check_after_load(_check_cram_against_model(
-            mems, longest, args.start_token, "--lengths")):
-        return run_cram(args.model, mems, args.out, **kw)
+    with _remove_if_left_empty(args.out):
+        return run_cram(args.model, mems, args.out, **kw, on_load=_check_cram_against_model(
+            mems, longest, args.start_token, "--lengths"))
 
 
 def _cmd_horizons(args) -> dict:
@@ -758,9 +733,9 @@ def _cmd_horizons(args) -> dict:
     mems = kw.pop("mems")
     _log.info("horizons of %s with m in %s (%s) into %s", args.model, mems, kw["protocol"],
               args.out)
-    with _remove_if_left_empty(args.out), _check_after_load(_check_cram_against_model(
-            mems, {m: kw["max_length"] for m in mems}, args.start_token, "--max-length")):
-        return run_horizons(args.model, mems, args.out, **kw)
+    with _remove_if_left_empty(args.out):
+        return run_horizons(args.model, mems, args.out, **kw, on_load=_check_cram_against_model(
+            mems, {m: kw["max_length"] for m in mems}, args.start_token, "--max-length"))
 
 
 def _cmd_copy(args) -> dict:

@@ -237,12 +237,28 @@ def test_lengths_that_fit_pass_the_model_check(tiny_loaded):
         cli._check_report_against_model([CONTEXT + 1], given=False)(tiny_loaded)
 
 
-def test_load_model_is_restored_after_main(capsys, tmp_path, tiny):
-    import embgeom.adapters
+def test_the_library_hook_runs_before_anything_is_written(tmp_path, tiny_loaded):
+    """``on_load`` of run_cram, run_horizons and build_report: called with the loaded model
+    before the output folder exists; raising there leaves nothing behind."""
+    from embgeom.cramming import run_cram, run_horizons
+    from embgeom.report import build_report
 
-    patched = embgeom.adapters.load_model
-    _run(capsys, ["cram", "--lengths", "100000", "--out", str(tmp_path / "c")])
-    assert embgeom.adapters.load_model is patched
+    class Refused(Exception):
+        pass
+
+    def refuse(loaded):
+        assert loaded is tiny_loaded
+        raise Refused
+
+    for name, call in (("c", lambda out: run_cram(tiny_loaded, [1], out, lengths=[2],
+                                                   on_load=refuse)),
+                       ("h", lambda out: run_horizons(tiny_loaded, [1], out, on_load=refuse)),
+                       ("r", lambda out: build_report(tiny_loaded, out, quick=True,
+                                                      cache_dir=None, on_load=refuse))):
+        out = tmp_path / name
+        with pytest.raises(Refused):
+            call(out)
+        assert not out.exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int | dict = 16, max_l
                  batch_size: int = 16, precision: str = "float32", n_boot: int = 1000,
                  c_theory: float | None = None, check_generation: bool = True,
                  start_token="auto", plot: bool = True, progress: bool | None = None,
-                 converged: dict | None = None, device=None) -> dict:
+                 converged: dict | None = None, device=None, on_load=None) -> dict:
     """Horizons for each m, their n50 (median horizon), C_emp, and the files.
 
     Writes into ``out_dir``: ``horizons.jsonl`` (one line per target; a rerun resumes),
@@ -99,6 +99,10 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int | dict = 16, max_l
     converged : dict, optional
         A :func:`budget_converged` result for this protocol, stored in the summary (None: the
         budget sweep was not run, and the summary says n50 is not known to be converged).
+    on_load : callable, optional
+        ``on_load(loaded)``, called with the loaded model right after it loads and before
+        anything is written: raise there to refuse arguments the model cannot take (the CLI
+        checks token ids against the vocabulary and lengths against the context length).
 
     Returns
     -------
@@ -148,6 +152,8 @@ def run_horizons(model_name, mems, out_dir, *, n_targets: int | dict = 16, max_l
             raise ValueError(f"out_dir: {str(out)!r} holds another run's cram_summary.json (not "
                              "a horizons run); choose another folder")
     model = _load(model_name)
+    if on_load is not None:
+        on_load(model)
     hf, _, name, _ = unwrap(model)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "horizons.jsonl"

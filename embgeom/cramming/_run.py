@@ -183,6 +183,7 @@ def run_cram(
     mixed_batches: int | None = None,
     protocol: dict | None = None,
     executor="local",
+    on_load=None,
 ) -> dict:
     """The ``embgeom cram`` job: accessibility curves for each m, n50, C_emp, files on disk.
 
@@ -219,6 +220,10 @@ def run_cram(
     progress : bool or None, default None
         tqdm bars; None: only where stderr is a terminal (a job writing to a log file gets
         none).
+    on_load : callable, optional
+        ``on_load(loaded)``, called with the loaded model right after it loads and before
+        anything is written: raise there to refuse arguments the model cannot take (the CLI
+        checks token ids against the vocabulary and lengths against the context length).
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
         Where the batches of targets run (see :func:`accessibility_curve`); one connection for
         the whole sweep. When ``model_name`` is a name or path, each Ray worker process loads
@@ -257,6 +262,8 @@ def run_cram(
     out = _check_out_dir(out_dir)
     _check_jsonl(out / "cram.jsonl", "out_dir")
     model = _load(model_name)
+    if on_load is not None:
+        on_load(model)
     hf, _, name, _ = unwrap(model)
     device = check_device(device)
     if device is not None:

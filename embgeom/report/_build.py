@@ -79,6 +79,7 @@ def build_report(
     progress: bool = True,
     executor="local",
     vocabulary="auto",
+    on_load=None,
 ) -> dict:
     """Run the whole accessibility report on one model and write it to ``out_dir``.
 
@@ -124,6 +125,10 @@ def build_report(
     executor : {"local", "ray"} or embgeom.parallel.Executor, default "local"
         Where the cell-volume chunks, the rare-event token chunks and the unargmaxable scan run
         (:mod:`embgeom.parallel`); the same numbers on every executor.
+    on_load : callable, optional
+        ``on_load(loaded)``, called with the loaded model right after it loads and before
+        anything is written: raise there to refuse arguments the model cannot take (the CLI
+        checks token ids against the vocabulary and lengths against the context length).
     vocabulary : None, "auto", str, Path or a list of them, default "auto"
         ``.npz`` files of every token's cell share
         (:func:`embgeom.volumes.vocabulary_cell_volumes`, ``benchmarks/all_cells.py``); the
@@ -170,6 +175,8 @@ def build_report(
     t_start = time.perf_counter()
     with _timed(timings, "load_model"):
         loaded, u, model_facts = _load_phase(model, progress)
+    if on_load is not None:
+        on_load(loaded)
     out.mkdir(parents=True, exist_ok=True)
     with _timed(timings, "hidden_states"):
         samples = _sample_phase(loaded, size, seed, cache_dir, progress)

@@ -1034,7 +1034,7 @@ def _check_settings(*, n_chains, n_groups, level_prob, n_moves, max_constraints,
     n_chains = check_positive_int(n_chains, "n_chains")
     if n_chains > MAX_CHAINS:
         raise ValueError(f"n_chains: expected at most 2**20 ({MAX_CHAINS}) chains per run (the "
-                         f"default is 128; for a tighter interval raise target_se's budget, "
+                         f"default is 128; for a tighter interval lower target_se or raise "
                          f"max_runs), got {n_chains:.3g}")
     n_groups = check_positive_int(n_groups, "n_groups", minimum=2)
     if n_chains % n_groups or n_chains // n_groups < 2:

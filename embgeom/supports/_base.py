@@ -632,9 +632,8 @@ class Support(OutlierMixin, BaseEstimator, abc.ABC):
     def _check_sample_args(self, n):
         self._check_fitted()
         n = check_positive_int(n, "n")
-        # an (n, d) array numpy cannot index (10**30 points) would leak numpy's "Maximum
-        # allowed dimension exceeded"; a merely too large one is numpy's MemoryError, which
-        # names its size
+        # an (n, d) array beyond this machine's memory: numpy's MemoryError (or, past 2**63
+        # bytes, "Maximum allowed dimension exceeded") after minutes of paging, refused first
         check_allocation(n * max(int(self.dim), 1) * 8, "n", n, f"an (n, {self.dim}) float64 array")
         return n
 

@@ -214,11 +214,15 @@ def check_allocation(n_bytes: int, name: str, value, what: str) -> None:
                          f"this machine's {limit / 2**30:.3g} GiB of memory; pass a smaller {name}")
 
 
-def check_bool(x, name: str) -> bool:
-    """``x`` as a bool: True or False (numpy's bool too), else a TypeError naming ``name``.
-    A string such as ``"no"`` is truthy, so ``bool(x)`` would read it as True; it is refused."""
+def check_bool(x, name: str, *, optional: bool = False):
+    """``x`` as a bool: True or False (numpy's bool too; ``None`` as well with ``optional``),
+    else a TypeError naming ``name``. A string such as ``"no"`` is truthy, so ``bool(x)`` would
+    read it as True; it is refused."""
+    if optional and x is None:
+        return None
     if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {type(x).__name__} {x!r}")
+        raise TypeError(f"{name}: expected True or False{', or None' if optional else ''}, got "
+                        f"{type(x).__name__} {x!r}")
     return bool(x)
 
 

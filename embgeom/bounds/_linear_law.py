@@ -6,6 +6,7 @@ import numpy as np
 
 from ._checks import (_check_log_packing, _check_rate, _check_vocab, _exact_ints, _log_count,
                       _m_array, _per_token)
+from .._validation import check_bool
 from ._packing import theorem45_log_count
 
 __all__ = ["linear_law_slope", "n_star", "accessible_fraction_bound"]
@@ -122,8 +123,7 @@ def accessible_fraction_bound(n, m, log_packing, vocab_size, rate=None, *, log: 
                          f"{np.shape(mm)}") from None
     lp = _check_log_packing(log_packing)
     lam = _check_rate(rate, _check_vocab(vocab_size))
-    if not isinstance(log, (bool, np.bool_)):
-        raise TypeError(f"log: expected True or False, got {log!r}")
+    check_bool(log, "log")
     # m log P - n log|V|, each refused where it overflows (n_star's rule), never inf - inf
     spent = (_log_count(nn.astype(np.float64), lam, "n and vocab_size", "n log|V|") if rate is None
              else _log_count(nn.astype(np.float64), lam, "n and rate", "n rate"))

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from embgeom import _json
-from embgeom._validation import check_positive, check_positive_int
+from embgeom._validation import check_bool, check_positive, check_positive_int
 
 from ._bounds import _check_precision, compare_with_bounds
 from ._evaluate import detect_cliff, evaluate_copy
@@ -258,8 +258,7 @@ def _check_copy_args(out_dir, *, l_train, alphabet, steps, batch_size, lr, hidde
     n_eval = check_positive_int(n_eval, "n_eval")
     num_threads = _check_threads(num_threads)
     for flag, name in ((compare_bounds, "compare_bounds"), (progress, "progress")):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected True or False, got {flag!r}")
+        check_bool(flag, name)
     _check_precision(precision)
     _check_memory(task, max_length=max_length, batch_size=batch_size, hidden_size=hidden_size,
                   num_layers=num_layers, n_eval=n_eval)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from embgeom._hf import dtype_name, model_device_dtype, unwrap
-from embgeom._validation import check_positive, check_positive_int
+from embgeom._validation import check_bool, check_positive, check_positive_int
 
 from ._curve import _check_jsonl
 from ._horizons import horizons
@@ -223,8 +223,7 @@ def _check_summary_args(out_dir, converged, c_theory, n_boot, plot):
     if c_theory is not None:
         c_theory = check_positive(c_theory, "c_theory")
     n_boot = check_n_boot(n_boot)
-    if not isinstance(plot, (bool, np.bool_)):
-        raise TypeError(f"plot: expected True or False, got {plot!r}")
+    check_bool(plot, "plot")
     if out_dir is None or (isinstance(out_dir, str) and not out_dir.strip()):
         raise ValueError(f"out_dir: expected a folder path, got {out_dir!r}")
     if not isinstance(out_dir, (str, os.PathLike)):

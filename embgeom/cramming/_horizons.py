@@ -50,7 +50,7 @@ from embgeom._hf import (
     vocab_rows,
 )
 from embgeom._progress import tqdm_kwargs
-from embgeom._validation import check_positive, check_positive_int, seed_sequence
+from embgeom._validation import check_bool, check_positive, check_positive_int, seed_sequence
 
 from ._checks import greedy_generate
 from ._curve import (
@@ -818,8 +818,7 @@ def _check_arguments(*, n_mem, steps_per_length, max_steps, batch_size, checkpoi
                              "(all), got 0")
     for flag, name in ((warm_start, "warm_start"), (check_generation, "check_generation"),
                        (progress, "progress")):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected True or False, got {flag!r}")
+        check_bool(flag, name)
     if not isinstance(precision, str) or precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
     proto = get_protocol(protocol)

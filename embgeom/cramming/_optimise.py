@@ -32,7 +32,7 @@ from embgeom._hf import (
     vocab_rows,
 )
 from embgeom._progress import tqdm_kwargs
-from embgeom._validation import check_positive, check_positive_int, seed_sequence
+from embgeom._validation import check_bool, check_positive, check_positive_int, seed_sequence
 
 from ._checks import greedy_generate
 from ._targets import check_targets
@@ -190,9 +190,7 @@ def _check_betas(betas) -> tuple[float, float]:
 
 
 def _check_flag(x, name: str) -> bool:
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {type(x).__name__} {x!r}")
-    return bool(x)
+    return check_bool(x, name)
 
 
 def _check_progress(x, name: str = "progress") -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._validation import check_bool as _check_bool
 from .._validation import check_positive, check_positive_int
 
 __all__ = [
@@ -153,17 +154,6 @@ def _check_real(x, name: str, *, finite: bool = True, error=TypeError) -> float:
     if finite and not math.isfinite(v):
         raise ValueError(f"{name}: expected a finite number, got {v!r}")
     return v
-
-
-def _check_bool(x, name: str, *, optional: bool = False):
-    """``x`` as a bool: ``True``/``False`` or a numpy bool (``None`` too with ``optional``); a
-    string (``"no"`` is truthy), a number or anything else is a TypeError naming ``name``."""
-    if optional and x is None:
-        return None
-    if not _is_bool(x):
-        raise TypeError(f"{name}: expected a bool (True or False{', or None' if optional else ''})"
-                        f", got {type(x).__name__} {x!r}")
-    return bool(x)
 
 
 def _check_mapping(x, name: str, what: str) -> Mapping:
